@@ -1,0 +1,3 @@
+from roam_cli.cli import main
+
+main()

@@ -1,0 +1,9 @@
+"""The two ways a command stops early; the CLI maps them to exit codes."""
+
+
+class RoamError(Exception):
+    """Bad input or usage. The CLI prints the message as one line and exits 2."""
+
+
+class CheckFailed(Exception):
+    """A check ran and the subject failed it (verify, capacity). Exit 1."""

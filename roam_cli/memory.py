@@ -1,0 +1,315 @@
+"""The memory model (DESIGN.md): which bytes exist, which storage each tensor uses, and when.
+
+Persistent storage (parameters, optimizer state, gradient buffers, constants, data inputs) lives
+the whole step outside the arena. Every other storage is transient: allocated when its producer
+runs, freed after the last node reading any name that shares it. Views share their input's
+storage; in-place updates write into the storage of the state they replace. Sizes are exact and
+rounded up to the alignment.
+
+`build()` reads the graph once and returns a `MemoryModel` of plain values that orderings and
+layouts consume; `lifetimes()` turns an order into each storage's [first, last] step."""
+
+import json
+from dataclasses import dataclass
+
+from roam_cli.errors import RoamError
+from roam_cli.graph import Graph
+
+# Ops whose output 0 is a view of input 0 (ONNX Runtime aliases them; they allocate nothing).
+VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
+
+# Ops that update buffers in place by contract: op -> [(output index, input index)]: the input's
+# storage is overwritten whether or not the optional output that names the result is present.
+INPLACE_OPS = {
+    ("com.microsoft", "InPlaceAccumulator"): [(0, 0)],
+    ("com.microsoft", "InPlaceAccumulatorV2"): [(1, 0)],
+    ("com.microsoft", "SGDOptimizer"): [(0, 1), (1, 2)],
+    ("com.microsoft", "AdamOptimizer"): [(0, 1), (1, 4), (2, 5), (3, 2), (4, 3)],
+}
+ACCUMULATOR_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
+# Which input of an in-place optimizer op holds the weights (the rest of its in-place inputs are
+# optimizer state or gradients).
+OPTIMIZER_WEIGHTS_INPUT = {"SGDOptimizer": 1, "AdamOptimizer": 2}
+
+# A graph output named <state><suffix> replaces state <state> (same dtype and shape) in place.
+UPDATE_SUFFIXES = (".out", "_out", ".new", "_new", ".updated", "_updated", "_next")
+# The model may declare its pairs explicitly: metadata_props[INPLACE_KEY] = {"output": "input"}.
+INPLACE_KEY = "roam.inplace"
+
+PERSISTENT_KINDS = ("parameter", "optimizer_state", "gradient_buffer", "constant", "data_input")
+TRANSIENT_KINDS = ("activation", "gradient", "update_temp")
+NODE_CLASSES = ("forward", "backward", "accumulate", "update")
+
+
+@dataclass(frozen=True)
+class Storage:
+    """One transient buffer in the arena. `root` is the tensor that allocates it."""
+
+    root: str
+    bytes: int
+    kind: str
+    producer: int  # node index that allocates it
+    readers: tuple[int, ...]  # nodes reading any name that shares this storage
+    to_end: bool  # holds a graph output: lives until the last step
+
+
+@dataclass
+class MemoryModel:
+    alignment: int
+    num_nodes: int
+    tensor_bytes: dict[str, int]  # aligned size of every tensor name
+    kind: dict[str, str]  # class of every tensor name (alias names: the class of the alias)
+    storage_of: dict[str, str]  # every tensor name -> the root name owning its storage
+    alias: dict[str, str]  # non-root name -> "view" | "inplace"
+    persistent: dict[str, str]  # persistent root -> class
+    storages: list[Storage]  # transient storages, in producer order
+    node_class: list[str]  # per node index: forward | backward | accumulate | update
+    extra_deps: list[tuple[int, int]]  # (a, b): node a must run before node b (in-place safety)
+    preds: list[tuple[int, ...]]  # per node: nodes that must run before it (data + in-place)
+    notes: list[str]
+
+    @property
+    def persistent_bytes(self) -> int:
+        return sum(self.tensor_bytes[name] for name in self.persistent)
+
+
+def aligned(nbytes: int, alignment: int) -> int:
+    return -(-nbytes // alignment) * alignment
+
+
+def declared_pairs(graph: Graph, extra: dict[str, str]) -> dict[str, str]:
+    """Graph output -> state input it replaces in place (metadata, --inplace, or name suffix)."""
+    states = set(graph.inputs) | set(graph.initializers)
+    pairs: dict[str, str] = {}
+    if INPLACE_KEY in graph.metadata:
+        try:
+            declared = json.loads(graph.metadata[INPLACE_KEY])
+            assert isinstance(declared, dict)
+        except (ValueError, AssertionError):
+            raise RoamError(f"model metadata {INPLACE_KEY!r} is not a JSON object of output -> input") from None
+        pairs.update(declared)
+    pairs.update(extra)
+    for out in graph.outputs:
+        for suffix in UPDATE_SUFFIXES:
+            state = out[: -len(suffix)]
+            if out.endswith(suffix) and state in states and out not in pairs:
+                a, b = graph.values[out], graph.values[state]
+                if (a.dtype, a.shape) == (b.dtype, b.shape):
+                    pairs[out] = state
+    for out, state in pairs.items():
+        if out not in graph.outputs:
+            raise RoamError(f"in-place pair {out}={state}: {out!r} is not a graph output")
+        if state not in states:
+            raise RoamError(f"in-place pair {out}={state}: {state!r} is not a graph input or initializer")
+    if len(set(pairs.values())) < len(pairs):
+        raise RoamError("two graph outputs are declared to replace the same state in place")
+    return pairs
+
+
+def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = None,
+          loss: str | None = None) -> MemoryModel:
+    if alignment <= 0:
+        raise RoamError(f"--alignment must be positive, got {alignment}")
+    nodes = graph.nodes
+    notes: list[str] = []
+    tensor_bytes = {name: aligned(v.nbytes, alignment) for name, v in graph.values.items()}
+
+    # --- storage sharing: views, in-place ops, declared update pairs -------------------------
+    storage_of: dict[str, str] = {}
+    alias: dict[str, str] = {}
+
+    def root(name: str) -> str:
+        while name in storage_of:
+            name = storage_of[name]
+        return name
+
+    writes_into: dict[int, list[str]] = {}  # node -> state roots it overwrites in place
+    for i, n in enumerate(nodes):
+        if (n.domain, n.op_type) in VIEW_OPS and n.inputs and n.outputs:
+            storage_of[n.outputs[0]] = n.inputs[0]
+            alias[n.outputs[0]] = "view"
+        for out_i, in_i in INPLACE_OPS.get((n.domain, n.op_type), []):
+            if in_i >= len(n.inputs):
+                continue
+            writes_into.setdefault(i, []).append(n.inputs[in_i])
+            if out_i < len(n.outputs):
+                storage_of[n.outputs[out_i]] = n.inputs[in_i]
+                alias[n.outputs[out_i]] = "inplace"
+    pairs = declared_pairs(graph, inplace or {})
+    for out, state in pairs.items():
+        r = root(out)
+        if r == root(state):
+            continue
+        if r not in graph.producer:
+            raise RoamError(f"in-place pair {out}={state}: {out!r} is itself persistent state")
+        storage_of[r] = state
+        alias[r] = "inplace"
+        writes_into.setdefault(graph.producer[r], []).append(state)
+    if pairs:
+        notes.append(f"{len(pairs)} graph outputs update state in place")
+
+    # --- persistent classes -----------------------------------------------------------------
+    state_names = list(graph.inputs) + list(graph.initializers) + sorted(graph.constants)
+    persistent: dict[str, str] = {}
+    grad_buffers, weights, updated = set(), set(), set()
+    for i, targets in writes_into.items():
+        n = nodes[i]
+        if n.op_type in ACCUMULATOR_OPS:
+            grad_buffers.update(root(t) for t in targets)
+        elif n.op_type in OPTIMIZER_WEIGHTS_INPUT:
+            weights.add(root(n.inputs[OPTIMIZER_WEIGHTS_INPUT[n.op_type]]))
+            updated.update(root(t) for t in targets)
+        else:
+            updated.update(root(t) for t in targets)
+    for name in state_names:
+        if name in grad_buffers:
+            kind = "gradient_buffer"
+        elif name in weights or f"{name}_grad" in graph.values:
+            kind = "parameter"
+        elif name in updated:
+            kind = "optimizer_state"
+        elif name in graph.constants or name in graph.initializers:
+            kind = "constant"
+        else:
+            kind = "data_input"
+        persistent[name] = kind
+
+    # --- node classes -------------------------------------------------------------------------
+    node_class = classify_nodes(graph, set(writes_into), loss)
+
+    # --- storages and tensor kinds ----------------------------------------------------------
+    kind: dict[str, str] = dict(persistent)
+    readers: dict[str, set[int]] = {}
+    to_end: set[str] = set()
+    for name in graph.values:
+        r = root(name)
+        readers.setdefault(r, set()).update(graph.consumers.get(name, ()))
+        if name in graph.outputs and name not in pairs:
+            to_end.add(r)
+    transient_kind = {"forward": "activation", "backward": "gradient", "update": "update_temp",
+                      "accumulate": "gradient"}
+    storages = []
+    for i, n in enumerate(nodes):
+        for out in n.outputs:
+            if out in persistent:
+                continue
+            if out in storage_of:
+                kind[out] = alias[out]
+                continue
+            kind[out] = transient_kind[node_class[i]]
+            storages.append(Storage(out, tensor_bytes[out], kind[out], i, tuple(sorted(readers[out] - {i})),
+                                    out in to_end))
+    for name in storage_of:
+        kind.setdefault(name, alias[name])
+
+    # --- in-place safety: every other reader of the old value runs before the writer ----------
+    extra_deps = []
+    for writer, targets in sorted(writes_into.items()):
+        for target in targets:
+            group = root(target)
+            for reader in sorted(readers.get(group, ())):
+                if reader != writer and not reads_new_value(graph, reader, writer, storage_of):
+                    extra_deps.append((reader, writer))
+    preds = [set() for _ in nodes]
+    for i, n in enumerate(nodes):
+        preds[i].update(graph.producer[x] for x in n.inputs if x in graph.producer)
+    for a, b in extra_deps:
+        preds[b].add(a)
+    check_acyclic(graph, preds)
+    return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
+                       alias, persistent, storages, node_class, extra_deps,
+                       [tuple(sorted(p)) for p in preds], notes)
+
+
+def check_acyclic(graph: Graph, preds: list[set[int]]) -> None:
+    """The data edges are acyclic (import checked); an in-place rule can still close a cycle:
+    a node that must read a state's old value but depends on the state's new value."""
+    indegree = [len(p) for p in preds]
+    users: list[list[int]] = [[] for _ in preds]
+    for b, ps in enumerate(preds):
+        for a in ps:
+            users[a].append(b)
+    ready = [i for i, d in enumerate(indegree) if d == 0]
+    seen = 0
+    while ready:
+        i = ready.pop()
+        seen += 1
+        for u in users[i]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                ready.append(u)
+    if seen < len(preds):
+        stuck = next(graph.nodes[i].name for i, d in enumerate(indegree) if d > 0)
+        raise RoamError(f"in-place updates cannot be honoured: node {stuck!r} would have to read a state "
+                        "both before and after it is overwritten")
+
+
+def reads_new_value(graph: Graph, reader: int, writer: int, storage_of: dict[str, str]) -> bool:
+    """True when `reader` reads a name that exists only after `writer` ran (the updated value)."""
+    written = set(graph.nodes[writer].outputs)
+    changed = True
+    while changed:
+        changed = False
+        for name, target in storage_of.items():
+            if target in written and name not in written:
+                written.add(name)
+                changed = True
+    return any(x in written for x in graph.nodes[reader].inputs)
+
+
+def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[str]:
+    """forward: the loss's ancestors; accumulate: gradient accumulators; update: optimizer steps
+    and the chains feeding only them; backward: the rest."""
+    nodes = graph.nodes
+    if loss is None:
+        loss = next((o for o in graph.outputs if o in graph.producer and graph.values[o].nbytes
+                     and len(graph.values[o].shape) <= 1 and sum(graph.values[o].shape) <= 1
+                     and graph.values[o].dtype in (1, 10, 11, 16)), None)
+    elif loss not in graph.producer:
+        raise RoamError(f"--loss {loss!r} is not a tensor any node produces")
+    forward: set[int] = set()  # the loss's ancestors (none when the graph has no loss)
+    stack = [graph.producer[loss]] if loss is not None else []
+    while stack:
+        i = stack.pop()
+        if i not in forward:
+            forward.add(i)
+            stack.extend(graph.producer[x] for x in nodes[i].inputs if x in graph.producer)
+    rest = "backward" if loss is not None else "forward"
+    classes = ["forward" if i in forward else rest for i in range(len(nodes))]
+    for i in writers:
+        classes[i] = "accumulate" if nodes[i].op_type in ACCUMULATOR_OPS else "update"
+    for i in reversed(range(len(nodes))):
+        if i in forward or i in writers or any(o.endswith("_grad") for o in nodes[i].outputs):
+            continue
+        users = {u for o in nodes[i].outputs for u in graph.consumers.get(o, ())}
+        if users and all(classes[u] == "update" for u in users):
+            classes[i] = "update"
+    return classes
+
+
+def lifetimes(mm: MemoryModel, order: list[int]) -> list[tuple[int, int]]:
+    """[first, last] step of every transient storage (same index as mm.storages) under `order`."""
+    pos = [0] * len(order)
+    for step, i in enumerate(order):
+        pos[i] = step
+    last_step = len(order) - 1
+    out = []
+    for s in mm.storages:
+        first = pos[s.producer]
+        last = last_step if s.to_end else max((pos[r] for r in s.readers), default=first)
+        out.append((first, max(first, last)))
+    return out
+
+
+def peak_live(mm: MemoryModel, spans: list[tuple[int, int]]) -> tuple[int, int]:
+    """(peak transient bytes, first step where it occurs) for storage spans from `lifetimes`."""
+    delta = [0] * (mm.num_nodes + 1)
+    for s, (first, last) in zip(mm.storages, spans):
+        delta[first] += s.bytes
+        delta[last + 1] -= s.bytes
+    live = peak = peak_step = 0
+    for step in range(mm.num_nodes):
+        live += delta[step]
+        if live > peak:
+            peak, peak_step = live, step
+    return peak, peak_step

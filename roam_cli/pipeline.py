@@ -1,0 +1,70 @@
+"""onnx -> graph -> memory model -> order -> layout -> plan: the whole of `roam optimize`."""
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from roam_cli import layout, memory, order, plan
+from roam_cli.onnx_import import Imported, import_model
+
+
+@dataclass
+class Options:
+    dims: dict[str, int] = field(default_factory=dict)
+    alignment: int = 256
+    order: str = "original"
+    layout: str = "first-fit"
+    shapes_from_run: bool = False
+    inplace: dict[str, str] = field(default_factory=dict)  # graph output -> state it replaces
+    loss: str | None = None
+    time_limit: float | None = None
+    jobs: int = 1
+
+
+@dataclass
+class Result:
+    plan: dict
+    imported: Imported
+    mm: memory.MemoryModel
+    notes: list[str]
+
+
+def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int, int, int]]:
+    """Transient storages as layout buffers: (lower, upper, size), lifetimes half-open."""
+    return [(first, last + 1, s.bytes) for s, (first, last) in zip(mm.storages, memory.lifetimes(mm, order_))]
+
+
+def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> Result:
+    say = progress or (lambda message: None)
+    seconds = {}
+    t = time.perf_counter()
+    say("importing the model")
+    imported = import_model(model_path, options.dims, options.shapes_from_run)
+    seconds["import"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
+    seconds["memory_model"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say(f"ordering {len(imported.graph.nodes)} nodes ({options.order})")
+    chosen_order, order_stats = order.solve(mm, options.order, time_limit=options.time_limit, jobs=options.jobs)
+    seconds["order"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    say(f"placing {len(mm.storages)} tensors ({options.layout})")
+    placed = layout.place(layout_buffers(mm, chosen_order), options.layout, time_limit=options.time_limit,
+                          jobs=options.jobs)
+    seconds["layout"] = time.perf_counter() - t
+
+    stats = {
+        "order": {"strategy": options.order, **order_stats},
+        "layout": {"strategy": options.layout, **placed.stats},
+        "seconds": seconds,
+        "tensors": {"transient_storages": len(mm.storages), "persistent": len(mm.persistent),
+                    "aliases": len(mm.alias)},
+        "node_classes": {c: mm.node_class.count(c) for c in memory.NODE_CLASSES},
+    }
+    result = plan.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
+                        model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
+    return Result(result, imported, mm, imported.notes + mm.notes)

@@ -1,0 +1,106 @@
+"""plan.json: build it from an order and a layout, and read/write it against the JSON Schema."""
+
+import json
+import os
+from functools import cache
+from importlib import resources
+from pathlib import Path
+
+import jsonschema
+
+from roam_cli import __version__
+from roam_cli.errors import RoamError
+from roam_cli.fileio import write_atomic
+from roam_cli.graph import Graph
+from roam_cli.memory import MemoryModel, lifetimes, peak_live
+
+FORMAT, VERSION = "roam-plan", 1
+
+
+@cache
+def schema() -> dict:
+    return json.loads(resources.files("roam_cli").joinpath("schemas/plan.schema.json").read_text())
+
+
+def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *, model_path: Path,
+          model_sha256: str, plan_path: Path, dims: dict[str, int], stats: dict) -> dict:
+    """The plan for `order` and `offsets` (one offset per transient storage, as in mm.storages)."""
+    n = len(order)
+    pos = [0] * n
+    for step, i in enumerate(order):
+        pos[i] = step
+    spans = lifetimes(mm, order)
+    storage_index = {s.root: k for k, s in enumerate(mm.storages)}
+    end = max(n - 1, 0)
+
+    def own_span(name: str) -> tuple[int, int]:
+        first = pos[graph.producer[name]]
+        if name in graph.outputs:
+            return first, end
+        return first, max([first] + [pos[c] for c in graph.consumers.get(name, ())])
+
+    tensors = []
+    for name, kind in mm.persistent.items():
+        tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
+                        "first_step": 0, "last_step": end, "kind": kind})
+    produced = sorted(((pos[i], k, out) for i, node in enumerate(graph.nodes)
+                       for k, out in enumerate(node.outputs) if out not in mm.persistent))
+    for _, _, name in produced:
+        if name in storage_index:
+            k = storage_index[name]
+            first, last = spans[k]
+            tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": offsets[k],
+                            "first_step": first, "last_step": last, "kind": mm.kind[name]})
+        else:
+            first, last = own_span(name)
+            tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
+                            "first_step": first, "last_step": last, "kind": mm.kind[name],
+                            "alias_of": mm.storage_of[name]})
+    arena = max((o + s.bytes for o, s in zip(offsets, mm.storages)), default=0)
+    peak, peak_step = peak_live(mm, spans)
+    try:
+        rel = os.path.relpath(model_path.resolve(), plan_path.resolve().parent)
+    except ValueError:  # another drive on Windows
+        rel = str(model_path.resolve())
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "roam_version": __version__,
+        "model": {"path": Path(rel).as_posix(), "sha256": model_sha256},
+        "dims": dict(sorted(dims.items())),
+        "alignment": mm.alignment,
+        "order": [graph.nodes[i].name for i in order],
+        "tensors": tensors,
+        "arena_bytes": arena,
+        "persistent_bytes": mm.persistent_bytes,
+        "peak_live_bytes": peak,
+        "peak_step": peak_step,
+        "stats": stats,
+    }
+
+
+def validate(plan: dict, where: str) -> None:
+    errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(plan), key=lambda e: list(e.path))
+    if errors:
+        e = errors[0]
+        at = "/".join(str(p) for p in e.path) or "(top level)"
+        raise RoamError(f"{where}: plan does not match the schema at {at}: {e.message[:200]}")
+
+
+def write(plan: dict, path: Path) -> None:
+    validate(plan, "internal error, refusing to write")
+    write_atomic(path, json.dumps(plan, indent=1) + "\n")
+
+
+def read(path: str | os.PathLike) -> dict:
+    path = Path(path)
+    if not path.is_file():
+        raise RoamError(f"{path}: no such plan file")
+    try:
+        plan = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RoamError(f"{path}: not a JSON plan ({str(e).splitlines()[0][:120]})") from None
+    if not isinstance(plan, dict) or plan.get("format") != FORMAT:
+        raise RoamError(f"{path}: not a roam plan (format is not {FORMAT!r})")
+    validate(plan, str(path))
+    return plan

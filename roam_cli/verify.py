@@ -1,0 +1,188 @@
+"""`roam verify`: an independent check of a plan against the model it claims to plan.
+
+Shares nothing with the planners but the loader (`onnx_import`): lifetimes, aliasing and
+overlaps are recomputed here from the order and the node list alone."""
+
+import bisect
+import heapq
+from dataclasses import dataclass
+
+from roam_cli.graph import Graph
+
+# Ops whose output may share its input's storage (the planners' list is not imported on purpose).
+VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+PERSISTENT = {"parameter", "optimizer_state", "gradient_buffer", "constant", "data_input"}
+
+
+class Violation(Exception):
+    pass
+
+
+@dataclass
+class Summary:
+    nodes: int
+    placed: int
+    arena: int
+    peak_live: int
+
+
+def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
+    """Raise Violation naming the first broken rule; return a summary when the plan holds."""
+    if plan["model"]["sha256"] != sha256:
+        raise Violation(f"plan was made for another model (sha256 {plan['model']['sha256'][:12]}..., "
+                        f"this file is {sha256[:12]}...)")
+    names = [n.name for n in graph.nodes]
+    step: dict[str, int] = {}
+    for s, name in enumerate(plan["order"]):
+        if name in step:
+            raise Violation(f"node {name!r} appears twice in the order")
+        step[name] = s
+    missing = [n for n in names if n not in step]
+    if missing:
+        raise Violation(f"node {missing[0]!r} is missing from the order ({len(missing)} missing)")
+    extra = [n for n in plan["order"] if n not in set(names)]
+    if extra:
+        raise Violation(f"order names node {extra[0]!r}, which the model does not have")
+
+    produced_at: dict[str, int] = {}
+    for node in graph.nodes:
+        for out in node.outputs:
+            produced_at[out] = step[node.name]
+    for node in graph.nodes:
+        for inp in node.inputs:
+            if inp in produced_at and produced_at[inp] >= step[node.name]:
+                raise Violation(f"node {node.name!r} at step {step[node.name]} reads {inp!r} before it is "
+                                f"produced (step {produced_at[inp]})")
+
+    tensors = {}
+    for t in plan["tensors"]:
+        if t["name"] in tensors:
+            raise Violation(f"tensor {t['name']!r} is listed twice")
+        if t["name"] not in graph.values:
+            raise Violation(f"tensor {t['name']!r} is not in the model")
+        tensors[t["name"]] = t
+    for name, value in graph.values.items():
+        if name not in tensors:
+            raise Violation(f"tensor {name!r} is not in the plan")
+        if tensors[name]["bytes"] < value.nbytes:
+            raise Violation(f"tensor {name!r} needs {value.nbytes} bytes, plan gives {tensors[name]['bytes']}")
+
+    last = len(plan["order"]) - 1
+    readers: dict[str, list[int]] = {}
+    producer_node = {}
+    for node in graph.nodes:
+        for inp in node.inputs:
+            readers.setdefault(inp, []).append(step[node.name])
+        for out in node.outputs:
+            producer_node[out] = node
+
+    def root(name: str) -> str:
+        seen = set()
+        while "alias_of" in tensors[name]:
+            if name in seen:
+                raise Violation(f"alias_of chain through {name!r} is a cycle")
+            seen.add(name)
+            target = tensors[name]["alias_of"]
+            if target not in tensors:
+                raise Violation(f"{name!r} is alias_of {target!r}, which the plan does not list")
+            name = target
+        return name
+
+    group: dict[str, list[str]] = {}
+    for name, t in tensors.items():
+        r = root(name)
+        group.setdefault(r, []).append(name)
+        if "alias_of" in t:
+            if t["offset"] is not None:
+                raise Violation(f"alias {name!r} has an offset of its own")
+            node = producer_node.get(name)
+            if node is None:
+                raise Violation(f"{name!r} is not produced by any node, so it cannot be an alias")
+            if t["kind"] == "view" and (node.op_type not in VIEWS or root(node.inputs[0]) != r):
+                raise Violation(f"{name!r} is marked a view of {t['alias_of']!r}, but {node.op_type} "
+                                f"node {node.name!r} does not make views")
+        elif t["offset"] is None:
+            if t["kind"] not in PERSISTENT:
+                raise Violation(f"transient tensor {name!r} has no offset")
+            node = producer_node.get(name)
+            if node is not None and node.op_type != "Constant":
+                raise Violation(f"{name!r} is produced by node {node.name!r} but marked persistent "
+                                f"({t['kind']}) with no offset")
+
+    # In-place results: nobody may read the old contents after the writer ran.
+    for name, t in tensors.items():
+        if t.get("kind") != "inplace" or "alias_of" not in t:
+            continue
+        w = step[producer_node[name].name]
+        for other in group[root(name)]:
+            defined = produced_at.get(other, -1)
+            if other == name or defined >= w:
+                continue
+            late = [s for s in readers.get(other, []) if s > w]
+            if late:
+                raise Violation(f"{name!r} overwrites the storage of {other!r} at step {w}, but {other!r} "
+                                f"is read at step {late[0]}")
+
+    arena = plan["arena_bytes"]
+    alignment = plan["alignment"]
+    placed = []
+    outputs = set(graph.outputs)
+    for r, names_in_group in group.items():
+        t = tensors[r]
+        if t["offset"] is None:
+            continue
+        first = produced_at.get(r)
+        if first is None:
+            raise Violation(f"{r!r} has an arena offset but no node produces it")
+        need_last = first
+        for n in names_in_group:
+            need_last = max([need_last] + readers.get(n, []))
+            if n in outputs and tensors[n].get("kind") != "inplace":
+                need_last = last
+        if t["first_step"] > first or t["last_step"] < need_last:
+            raise Violation(f"{r!r} lives over steps {t['first_step']}..{t['last_step']} in the plan, but is "
+                            f"used over {first}..{need_last}")
+        if t["offset"] % alignment:
+            raise Violation(f"{r!r} offset {t['offset']} is not a multiple of the alignment {alignment}")
+        if t["offset"] + t["bytes"] > arena:
+            raise Violation(f"{r!r} ends at {t['offset'] + t['bytes']}, past the arena ({arena} bytes)")
+        placed.append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
+
+    check_overlaps(placed)
+
+    delta = [0] * (last + 2)
+    for first, end, _, size, _ in placed:
+        delta[first] += size
+        delta[end + 1] -= size
+    live = peak = 0
+    for s in range(last + 1):
+        live += delta[s]
+        peak = max(peak, live)
+    if plan["peak_live_bytes"] != peak:
+        raise Violation(f"plan states peak live {plan['peak_live_bytes']} bytes; its tensors give {peak}")
+    persistent = sum(t["bytes"] for t in tensors.values() if t["offset"] is None and "alias_of" not in t)
+    if plan["persistent_bytes"] != persistent:
+        raise Violation(f"plan states {plan['persistent_bytes']} persistent bytes; its tensors give {persistent}")
+    return Summary(len(names), len(placed), arena, peak)
+
+
+def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:
+    """Sweep over steps keeping the live tensors sorted by offset: a new tensor can only collide
+    with its neighbours in address order, because the live ones never overlap each other."""
+    events = sorted((p for p in placed if p[3] > 0), key=lambda p: (p[0], p[2]))
+    live_offsets: list[int] = []
+    live: list[tuple[int, int, str]] = []  # (offset, end, name), sorted by offset
+    expiry: list[tuple[int, int]] = []  # heap of (last_step, offset)
+    for first, last_step, offset, size, name in events:
+        while expiry and expiry[0][0] < first:
+            _, gone = heapq.heappop(expiry)
+            k = bisect.bisect_left(live_offsets, gone)
+            del live[k], live_offsets[k]
+        k = bisect.bisect_left(live_offsets, offset)
+        for neighbour in live[max(0, k - 1): k + 1]:
+            if neighbour[0] < offset + size and offset < neighbour[1]:
+                raise Violation(f"{name!r} [{offset}, {offset + size}) overlaps {neighbour[2]!r} "
+                                f"[{neighbour[0]}, {neighbour[1]}) while both are live at step {first}")
+        live.insert(k, (offset, offset + size, name))
+        live_offsets.insert(k, offset)
+        heapq.heappush(expiry, (last_step, offset))

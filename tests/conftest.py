@@ -1,0 +1,33 @@
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
+
+
+class Run:
+    def __init__(self, proc):
+        self.code, self.out, self.err = proc.returncode, proc.stdout, proc.stderr
+
+    def json(self):
+        return json.loads(self.out)
+
+
+def roam(*args, cwd=None) -> Run:
+    """Run the CLI as a user would: a separate process, real exit code and streams."""
+    proc = subprocess.run([sys.executable, "-m", "roam_cli", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
+    return Run(proc)
+
+
+@pytest.fixture(scope="session")
+def sample_plan(tmp_path_factory):
+    """The sample model planned once: (model path, plan path, plan dict)."""
+    d = tmp_path_factory.mktemp("sample")
+    r = roam("optimize", SAMPLE, "-o", d / "plan.json", "--annotated-model", d / "annotated.onnx")
+    assert r.code == 0, r.err
+    return SAMPLE, d / "plan.json", json.loads((d / "plan.json").read_text()), d / "annotated.onnx"

@@ -1,0 +1,132 @@
+"""Each memory-model rule of DESIGN.md on a hand-built graph, with hand-computed expectations."""
+
+import json
+
+import numpy as np
+import pytest
+
+from onnx_builder import model, node, save
+from roam_cli import memory
+from roam_cli.errors import RoamError
+from roam_cli.onnx_import import import_model
+from roam_cli.order import original
+
+KB = 1024
+
+
+def plan_of(tmp_path, m, alignment=256, **kw):
+    path = save(m, tmp_path / "m.onnx")
+    graph = import_model(path, kw.pop("dims", None)).graph
+    mm = memory.build(graph, alignment, **kw)
+    spans = memory.lifetimes(mm, original(mm))
+    return graph, mm, {s.root: span for s, span in zip(mm.storages, spans)}
+
+
+def chain():
+    # x[256] -> Relu a -> Relu b -> Add(a, b) c ; c is the output. float32: 1 KiB each.
+    return model([node("Relu", ["x"], ["a"]), node("Relu", ["a"], ["b"]), node("Add", ["a", "b"], ["c"])],
+                 [("x", [256])], [("c", [256])])
+
+
+def test_lifetimes_run_from_producer_to_last_reader_and_outputs_to_the_end(tmp_path):
+    graph, mm, spans = plan_of(tmp_path, chain())
+    assert spans == {"a": (0, 2), "b": (1, 2), "c": (2, 2)}
+    assert [s.bytes for s in mm.storages] == [KB, KB, KB]
+    assert memory.peak_live(mm, list(spans.values())) == (3 * KB, 2)
+    assert mm.persistent == {"x": "data_input"}
+
+
+def test_sizes_are_exact_then_rounded_up_to_the_alignment(tmp_path):
+    m = model([node("Relu", ["x"], ["y"])], [("x", [10])], [("y", [10])])
+    assert plan_of(tmp_path, m)[1].tensor_bytes["y"] == 256  # 40 B -> 256
+    assert plan_of(tmp_path, m, alignment=64)[1].tensor_bytes["y"] == 64
+    assert plan_of(tmp_path, m, alignment=1)[1].tensor_bytes["y"] == 40
+
+
+def test_zero_size_tensor_takes_no_bytes(tmp_path):
+    m = model([node("Relu", ["x"], ["y"])], [("x", [0, 4])], [("y", [0, 4])])
+    assert plan_of(tmp_path, m)[1].tensor_bytes["y"] == 0
+
+
+def test_unused_output_lives_only_at_its_producer_step(tmp_path):
+    m = model([node("Split", ["x"], ["p", "q"], num_outputs=2), node("Relu", ["p"], ["r"])],
+              [("x", [512])], [("r", [256])])
+    assert plan_of(tmp_path, m)[2]["q"] == (0, 0)
+
+
+def test_views_share_storage_until_the_last_use_of_any_name(tmp_path):
+    # a = Relu(x); v = Reshape(a) (a view); b = Relu(x); c = Add(v, b): a's storage lives to step 3.
+    shape = np.array([16, 16], dtype=np.int64)
+    m = model([node("Relu", ["x"], ["a"]), node("Reshape", ["a", "shape"], ["v"]),
+               node("Relu", ["x"], ["b"]), node("Add", ["v", "b"], ["c"])],
+              [("x", [256])], [("c", [16, 16])], initializers={"shape": shape}, value_info=[("b", [16, 16])])
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert mm.storage_of["v"] == "a" and mm.alias["v"] == "view"
+    assert "v" not in spans
+    assert spans["a"] == (0, 3)
+    assert mm.persistent["shape"] == "constant"
+
+
+def test_in_place_accumulator_writes_the_gradient_buffer_and_adds_no_bytes(tmp_path):
+    # w (parameter) -> y = Mul(x, w); w_grad = Mul(x, x) stands in for the gradient;
+    # InPlaceAccumulatorV2(w_grad.accumulation.buffer, w_grad) updates the buffer, flag is a bool[1].
+    m = model([node("Mul", ["x", "w"], ["y"]), node("Mul", ["x", "x"], ["w_grad"]),
+               node("InPlaceAccumulatorV2", ["buf", "w_grad"], ["flag"], domain="com.microsoft")],
+              [("x", [256]), ("w", [256]), ("buf", [256])], [("y", [256]), ("flag", [1], 9)])
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert mm.persistent == {"x": "data_input", "w": "parameter", "buf": "gradient_buffer"}
+    assert spans == {"y": (0, 2), "w_grad": (1, 2), "flag": (2, 2)}
+    assert mm.node_class[2] == "accumulate"
+
+
+def test_in_place_write_runs_after_every_reader_of_the_old_value(tmp_path):
+    # buf is read by Relu (node 1) and overwritten by the accumulator (node 0 in the file):
+    # the memory model adds the edge reader -> writer, so the original order moves the reader first.
+    m = model([node("InPlaceAccumulatorV2", ["buf", "g"], ["flag"], domain="com.microsoft", name="acc"),
+               node("Relu", ["buf"], ["r"], name="reader")],
+              [("buf", [64]), ("g", [64])], [("flag", [1], 9), ("r", [64])])
+    graph, mm, _ = plan_of(tmp_path, m)
+    assert mm.extra_deps == [(1, 0)]
+    assert original(mm) == [1, 0]
+
+
+def test_declared_update_chain_writes_state_in_place(tmp_path):
+    # SGD with momentum, as a full-step graph would write it:
+    #   m.out = Add(Mul(m, 0.9), g)      (update_temp, then written into m)
+    #   w.out = Sub(w, Mul(m.out, lr))   (written into w)
+    m = model([node("Mul", ["x", "w"], ["y"]), node("Mul", ["x", "y"], ["w_grad"]),
+               node("Mul", ["m", "beta"], ["mb"]), node("Add", ["mb", "w_grad"], ["m.out"]),
+               node("Mul", ["m.out", "lr"], ["step"]), node("Sub", ["w", "step"], ["w.out"])],
+              [("x", [256]), ("w", [256]), ("m", [256])],
+              [("y", [256]), ("m.out", [256]), ("w.out", [256])],
+              initializers={"beta": np.float32(0.9), "lr": np.float32(0.1)})
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert mm.persistent["w"] == "parameter" and mm.persistent["m"] == "optimizer_state"
+    assert mm.storage_of["m.out"] == "m" and mm.storage_of["w.out"] == "w"
+    assert set(spans) == {"y", "w_grad", "mb", "step"}  # no transient bytes for the updated state
+    assert mm.kind["mb"] == "update_temp" and mm.kind["step"] == "update_temp"
+    # the forward Mul reads w's old value: it must run before Sub overwrites w
+    assert (0, 5) in mm.extra_deps
+
+
+def test_pairs_from_metadata(tmp_path):
+    m = model([node("Add", ["s", "x"], ["next_s"])], [("s", [64]), ("x", [64])], [("next_s", [64])],
+              metadata={"roam.inplace": json.dumps({"next_s": "s"})})
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert mm.storage_of["next_s"] == "s" and spans == {}
+
+
+def test_unknown_size_is_an_error_naming_the_tensor(tmp_path):
+    m = model([node("Mystery", ["x"], ["y"], domain="com.example")], [("x", [4])], [("y", [4])])
+    m.graph.output[0].type.tensor_type.ClearField("shape")
+    m.opset_import.add(domain="com.example", version=1)
+    with pytest.raises(RoamError, match="y"):
+        plan_of(tmp_path, m)
+
+
+def test_symbolic_dims_are_bound(tmp_path):
+    m = model([node("Relu", ["x"], ["y"])], [("x", ["batch", 64])], [("y", ["batch", 64])])
+    graph, mm, _ = plan_of(tmp_path, m, dims={"batch": 8})
+    assert mm.tensor_bytes["y"] == 8 * 64 * 4
+    with pytest.raises(RoamError, match="--dim batch=N"):
+        plan_of(tmp_path, m)
