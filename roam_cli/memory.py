@@ -203,12 +203,15 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         kind.setdefault(name, alias[name])
 
     # --- in-place safety: every other reader of the old value runs before the writer ----------
+    aliases_of: dict[str, list[str]] = {}
+    for name, target in storage_of.items():
+        aliases_of.setdefault(target, []).append(name)
     extra_deps = []
     for writer, targets in sorted(writes_into.items()):
+        new_names = names_derived(nodes[writer].outputs, aliases_of)
         for target in targets:
-            group = root(target)
-            for reader in sorted(readers.get(group, ())):
-                if reader != writer and not reads_new_value(graph, reader, writer, storage_of):
+            for reader in sorted(readers.get(root(target), ())):
+                if reader != writer and not new_names.intersection(nodes[reader].inputs):
                     extra_deps.append((reader, writer))
     preds = [set() for _ in nodes]
     for i, n in enumerate(nodes):
@@ -244,17 +247,15 @@ def check_acyclic(graph: Graph, preds: list[set[int]]) -> None:
                         "both before and after it is overwritten")
 
 
-def reads_new_value(graph: Graph, reader: int, writer: int, storage_of: dict[str, str]) -> bool:
-    """True when `reader` reads a name that exists only after `writer` ran (the updated value)."""
-    written = set(graph.nodes[writer].outputs)
-    changed = True
-    while changed:
-        changed = False
-        for name, target in storage_of.items():
-            if target in written and name not in written:
-                written.add(name)
-                changed = True
-    return any(x in written for x in graph.nodes[reader].inputs)
+def names_derived(outputs: tuple[str, ...], aliases_of: dict[str, list[str]]) -> set[str]:
+    """The writer's outputs and every view or alias taken of them: names of the new value."""
+    found, stack = set(), list(outputs)
+    while stack:
+        name = stack.pop()
+        if name not in found:
+            found.add(name)
+            stack.extend(aliases_of.get(name, ()))
+    return found
 
 
 def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[str]:
