@@ -1,24 +1,133 @@
-"""`roam report`: what a plan costs and where the peak comes from, from plan.json alone."""
+"""`roam report`: what a plan costs and where the peak comes from, from plan.json alone.
 
+`summarize()` turns a plan into plain figures; `render_table()` and `render_markdown()` print
+them. The strategies table reads the baselines that optimize measured in the same run
+(`stats.baselines`, `stats.order.baselines`, `stats.layout.baselines`); a plan without them
+shows its own row only."""
+
+from collections.abc import Iterable
+
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from roam_cli.units import format_bytes
 
 
-def summarize(plan: dict, top: int = 10) -> dict:
-    """Plain figures: totals, bytes by class, and the tensors live at the peak step."""
+def live_curve(spans: Iterable[tuple[int, int, int]], steps: int) -> list[int]:
+    """Bytes live at each step for (first_step, last_step, bytes) triples, steps inclusive."""
+    delta = [0] * (steps + 1)
+    for first, last, nbytes in spans:
+        delta[first] += nbytes
+        delta[last + 1] -= nbytes
+    curve, live = [], 0
+    for step in range(steps):
+        live += delta[step]
+        curve.append(live)
+    return curve
+
+
+def arena_spans(plan: dict) -> list[tuple[int, int, int]]:
+    """(first_step, last_step, bytes) of every tensor that owns arena space."""
+    return [(t["first_step"], t["last_step"], t["bytes"]) for t in plan["tensors"] if t["offset"] is not None]
+
+
+def plan_curve(plan: dict) -> list[int]:
+    """Transient bytes live at each step of the plan's order."""
+    return live_curve(arena_spans(plan), len(plan["order"]))
+
+
+def strategy_rows(plan: dict) -> list[dict]:
+    """Every (order, layout) pair measured in the plan's run, the plan's own pair first.
+
+    A row has peak_live_bytes and/or arena_bytes (None where the run measured only the other),
+    seconds where known, and how much less each needs than the original order (peak) and than
+    `arena_reference()` (arena)."""
+    stats = plan["stats"]
+    rows: dict[tuple, dict] = {}
+
+    def add(order, layout, peak=None, arena=None, seconds=None):
+        row = rows.setdefault((order, layout), {"order": order, "layout": layout, "peak_live_bytes": None,
+                                                "arena_bytes": None, "seconds": None})
+        for key, value in (("peak_live_bytes", peak), ("arena_bytes", arena), ("seconds", seconds)):
+            if row[key] is None and isinstance(value, (int, float)):
+                row[key] = value
+
+    own_order, own_layout = stats["order"]["strategy"], stats["layout"]["strategy"]
+    add(own_order, own_layout, plan["peak_live_bytes"], plan["arena_bytes"],
+        sum(stats["seconds"].get(phase, 0.0) for phase in ("order", "layout")))
+    for b in stats.get("baselines", []):
+        add(b.get("order"), b.get("layout"), b.get("peak_live_bytes"), b.get("arena_bytes"), b.get("seconds"))
+    for b in as_list(stats["order"].get("baselines")):
+        # an order baseline fixes only the order: a row of that order with a layout already has its peak
+        if not any(order == b.get("strategy") for order, _ in rows):
+            add(b.get("strategy"), None, b.get("peak_live_bytes"), None, b.get("seconds"))
+    for b in as_list(stats["layout"].get("baselines")):
+        add(own_order, b.get("strategy"), plan["peak_live_bytes"], b.get("arena_bytes", b.get("arena")),
+            b.get("seconds"))
+
+    out = list(rows.values())
+    peaks = {r["order"]: r["peak_live_bytes"] for r in out if r["peak_live_bytes"] is not None}
+    for r in out:  # a layout-less order row and a full row of the same order share the peak
+        if r["peak_live_bytes"] is None:
+            r["peak_live_bytes"] = peaks.get(r["order"])
+    original_peak = peaks.get("original")
+    reference = arena_reference(out, own_layout)
+    for r in out:
+        r["this_plan"] = (r["order"], r["layout"]) == (own_order, own_layout)
+        peak, arena = r["peak_live_bytes"], r["arena_bytes"]
+        r["fragmentation"] = arena / peak - 1 if arena is not None and peak else None
+        r["peak_vs_original"] = reduction(peak, original_peak)
+        r["arena_vs_original"] = reduction(arena, reference and reference["arena_bytes"])
+        r["arena_reference"] = reference is r
+    return out
+
+
+def arena_reference(rows: list[dict], own_layout: str) -> dict | None:
+    """The row arenas are compared with: the original order with PyTorch's caching allocator
+    (what eager PyTorch would reserve) if measured, else with the plan's layout, else any."""
+    measured = [r for r in rows if r["order"] == "original" and r["arena_bytes"] is not None]
+    for layout in ("pytorch", own_layout):
+        for r in measured:
+            if r["layout"] == layout:
+                return r
+    return measured[0] if measured else None
+
+
+def as_list(baselines) -> list[dict]:
+    """Baselines as a list of dicts with a `strategy` key (a dict is keyed by strategy)."""
+    if isinstance(baselines, dict):
+        return [{"strategy": k, **(v if isinstance(v, dict) else {"arena_bytes": v})} for k, v in baselines.items()]
+    return [b for b in baselines or [] if isinstance(b, dict)]
+
+
+def reduction(value, reference) -> float | None:
+    """How much smaller `value` is than `reference` (0.25 = 25% less); None when unknown."""
+    if value is None or not reference:
+        return None
+    return 1 - value / reference
+
+
+def persistent_by_kind(plan: dict) -> dict[str, int]:
+    """Persistent bytes per class, largest first."""
+    by_kind: dict[str, int] = {}
+    for t in plan["tensors"]:
+        if t["offset"] is None and "alias_of" not in t:
+            by_kind[t["kind"]] = by_kind.get(t["kind"], 0) + t["bytes"]
+    return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
+
+
+def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
+    """Plain figures: totals, strategies, bytes by class, the tensors live at the peak step.
+
+    `budget` is a `roam_cli.budget.check()` result, included as is."""
     tensors = plan["tensors"]
     peak_step = plan.get("peak_step", 0)
-    persistent_by_kind: dict[str, int] = {}
     transient_by_kind: dict[str, int] = {}
     at_peak_by_kind: dict[str, int] = {}
     at_peak = []
     for t in tensors:
-        if "alias_of" in t:
-            continue
-        if t["offset"] is None:
-            persistent_by_kind[t["kind"]] = persistent_by_kind.get(t["kind"], 0) + t["bytes"]
+        if t["offset"] is None:  # persistent, or an alias sharing another tensor's storage
             continue
         transient_by_kind[t["kind"]] = transient_by_kind.get(t["kind"], 0) + t["bytes"]
         if t["first_step"] <= peak_step <= t["last_step"]:
@@ -27,8 +136,9 @@ def summarize(plan: dict, top: int = 10) -> dict:
     at_peak.sort(key=lambda t: (-t["bytes"], t["name"]))
     peak = plan["peak_live_bytes"]
     arena = plan["arena_bytes"]
-    return {
+    summary = {
         "model": plan["model"]["path"],
+        "dims": plan.get("dims", {}),
         "nodes": len(plan["order"]),
         "order_strategy": plan["stats"]["order"]["strategy"],
         "layout_strategy": plan["stats"]["layout"]["strategy"],
@@ -39,45 +149,150 @@ def summarize(plan: dict, top: int = 10) -> dict:
         "fragmentation": (arena / peak - 1) if peak else 0.0,
         "peak_step": peak_step,
         "peak_node": plan["order"][peak_step] if plan["order"] else None,
-        "persistent_by_kind": persistent_by_kind,
+        "strategies": strategy_rows(plan),
+        "persistent_by_kind": persistent_by_kind(plan),
         "transient_at_peak_by_kind": at_peak_by_kind,
         "transient_allocated_by_kind": transient_by_kind,
         "largest_at_peak": [{k: t[k] for k in ("name", "kind", "bytes", "first_step", "last_step")}
                             for t in at_peak[:top]],
         "seconds": plan["stats"].get("seconds", {}),
     }
+    if budget is not None:
+        summary["budget"] = budget
+    return summary
+
+
+DATA_INPUT_NOTE = ("data inputs (token ids, labels, images) are supplied by the caller and live the whole step: "
+                   "counted as persistent, outside the arena.")
+
+
+def budget_line(b: dict) -> str:
+    if b["fits"]:
+        return (f"fits the budget of {format_bytes(b['budget_bytes'])}: needs {format_bytes(b['needed_bytes'])} "
+                f"(persistent + arena), {format_bytes(b['headroom_bytes'])} to spare")
+    return (f"does NOT fit the budget of {format_bytes(b['budget_bytes'])}: needs {format_bytes(b['needed_bytes'])} "
+            f"(persistent + arena), {format_bytes(-b['headroom_bytes'])} over")
+
+
+def cell_bytes(n) -> str:
+    return "–" if n is None else format_bytes(n)
+
+
+def cell_ratio(x) -> str:
+    return "–" if x is None else f"{x:.1%}"
+
+
+def cell_seconds(s) -> str:
+    return "–" if s is None else f"{s:.2f}"
+
+
+def headline(s: dict) -> list[tuple[str, str]]:
+    dims = ", ".join(f"{k}={v}" for k, v in s["dims"].items())
+    rows = [("nodes", f"{s['nodes']:,}")]
+    if dims:
+        rows.append(("dims", dims))
+    rows += [
+        ("strategy", f"order {s['order_strategy']}, layout {s['layout_strategy']}"),
+        ("persistent", format_bytes(s["persistent_bytes"])),
+        ("transient peak live", format_bytes(s["peak_live_bytes"])),
+        ("arena", format_bytes(s["arena_bytes"])),
+        ("fragmentation", f"{s['fragmentation']:.2%}"),
+        ("total (persistent + arena)", format_bytes(s["total_bytes"])),
+        ("peak at step", f"{s['peak_step']} ({s['peak_node']})"),
+    ]
+    return rows
+
+
+# two-line headers keep the table within 80 columns
+STRATEGY_COLUMNS = ("order", "layout", "peak\nlive", "arena", "peak\nsaved", "arena\nsaved", "frag.", "solve\ns")
+def strategy_note(rows: list[dict]) -> str:
+    ref = next((r for r in rows if r["arena_reference"]), None)
+    arena = f"arena saved: less than {ref['order']} order + {ref['layout']} layout; " if ref else ""
+    return (f"* = this plan; peak saved: less than the original order; {arena}"
+            "frag. = arena / peak live − 1")
+
+
+def strategy_cells(r: dict) -> list[str]:
+    mark = "* " if r["this_plan"] else ""
+    return [f"{mark}{r['order'] or '–'}", r["layout"] or "–", cell_bytes(r["peak_live_bytes"]),
+            cell_bytes(r["arena_bytes"]), cell_ratio(r["peak_vs_original"]), cell_ratio(r["arena_vs_original"]),
+            cell_ratio(r["fragmentation"]), cell_seconds(r["seconds"])]
+
+
+def class_rows(s: dict) -> list[tuple[str, str, str]]:
+    rows = [(kind, "persistent", format_bytes(n))
+            for kind, n in s["persistent_by_kind"].items()]
+    rows += [(kind, "arena, live at peak", format_bytes(n))
+             for kind, n in sorted(s["transient_at_peak_by_kind"].items(), key=lambda kv: -kv[1])]
+    return rows
+
+
+def peak_rows(s: dict) -> list[tuple[str, str, str, str]]:
+    return [(t["name"], t["kind"], format_bytes(t["bytes"]), f"{t['first_step']}..{t['last_step']}")
+            for t in s["largest_at_peak"]]
 
 
 def render_table(s: dict, console: Console) -> None:
     head = Table(title=f"roam plan for {s['model']}", show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column(justify="right")
-    head.add_row("nodes", f"{s['nodes']:,}")
-    head.add_row("strategy", f"order {s['order_strategy']}, layout {s['layout_strategy']}")
-    head.add_row("persistent", format_bytes(s["persistent_bytes"]))
-    head.add_row("transient peak live", format_bytes(s["peak_live_bytes"]))
-    head.add_row("arena", format_bytes(s["arena_bytes"]))
-    head.add_row("fragmentation", f"{s['fragmentation']:.2%}")
-    head.add_row("total (persistent + arena)", format_bytes(s["total_bytes"]))
-    head.add_row("peak at step", f"{s['peak_step']} ({s['peak_node']})")
+    for name, value in headline(s):
+        head.add_row(name, value)
     console.print(head)
+    if "budget" in s:
+        style = "green" if s["budget"]["fits"] else "bold red"
+        console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
+
+    strategies = Table(title="strategies measured in this run", title_justify="left", box=box.SIMPLE_HEAD,
+                       show_edge=False, pad_edge=False)
+    for col in STRATEGY_COLUMNS:
+        left = col in ("order", "layout")
+        strategies.add_column(col, justify="left" if left else "right", no_wrap=left)
+    for r in s["strategies"]:
+        strategies.add_row(*strategy_cells(r))
+    console.print(strategies)
+    console.print(f"[dim]{strategy_note(s['strategies'])}[/dim]")
 
     kinds = Table(title="bytes by tensor class", title_justify="left")
-    kinds.add_column("class")
-    kinds.add_column("storage")
-    kinds.add_column("bytes", justify="right")
-    for kind, n in sorted(s["persistent_by_kind"].items(), key=lambda kv: -kv[1]):
-        kinds.add_row(kind, "persistent", format_bytes(n))
-    for kind, n in sorted(s["transient_at_peak_by_kind"].items(), key=lambda kv: -kv[1]):
-        kinds.add_row(kind, "arena, live at peak", format_bytes(n))
+    for col, justify in (("class", "left"), ("storage", "left"), ("bytes", "right")):
+        kinds.add_column(col, justify=justify)
+    for row in class_rows(s):
+        kinds.add_row(*row)
     console.print(kinds)
     if "data_input" in s["persistent_by_kind"]:
-        console.print("[dim]data inputs (token ids, labels, images) are supplied by the caller and live the "
-                      "whole step: counted as persistent, outside the arena.[/dim]")
+        console.print(f"[dim]{DATA_INPUT_NOTE}[/dim]")
 
     top = Table(title=f"largest tensors live at the peak (step {s['peak_step']})", title_justify="left")
     for col, justify in (("tensor", "left"), ("class", "left"), ("bytes", "right"), ("steps", "right")):
         top.add_column(col, justify=justify, overflow="fold")
-    for t in s["largest_at_peak"]:
-        top.add_row(t["name"], t["kind"], format_bytes(t["bytes"]), f"{t['first_step']}..{t['last_step']}")
+    for row in peak_rows(s):
+        top.add_row(*row)
     console.print(top)
+
+
+def markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]], right: set[int] = frozenset()) -> str:
+    header = list(header)
+    lines = ["| " + " | ".join(header) + " |",
+             "|" + "|".join("---:" if i in right else "---" for i in range(len(header))) + "|"]
+    for row in rows:
+        lines.append("| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |")
+    return "\n".join(lines)
+
+
+def render_markdown(s: dict) -> str:
+    parts = [f"## roam plan for `{s['model']}`", "",
+             markdown_table(("", "value"), [(f"**{k}**", v) for k, v in headline(s)], {1})]
+    if "budget" in s:
+        parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
+    parts += ["", "### Strategies measured in this run", "",
+              strategy_note(s["strategies"]).replace("* =", "`*` ="), "",
+              markdown_table([c.replace("\n", " ") for c in STRATEGY_COLUMNS], map(strategy_cells, s["strategies"]),
+                             set(range(2, 8))),
+              "", "### Bytes by tensor class", "",
+              markdown_table(("class", "storage", "bytes"), class_rows(s), {2})]
+    if "data_input" in s["persistent_by_kind"]:
+        parts += ["", DATA_INPUT_NOTE[0].upper() + DATA_INPUT_NOTE[1:]]
+    parts += ["", f"### Largest tensors live at the peak (step {s['peak_step']}, `{s['peak_node']}`)", "",
+              markdown_table(("tensor", "class", "bytes", "steps"),
+                             [(f"`{n}`", k, b, st) for n, k, b, st in peak_rows(s)], {2, 3})]
+    return "\n".join(parts) + "\n"

@@ -10,16 +10,25 @@ ORT_TYPES = {
 
 
 def synthetic_feeds(session, seed: int = 0, dims: dict[str, int] | None = None) -> dict[str, np.ndarray]:
-    """Small random floats and zero integers (zero is a valid index and a valid label)."""
-    rng = np.random.default_rng(seed)
-    feeds = {}
+    """Feeds for every input of an ONNX Runtime session (see `synthesize`)."""
+    specs = []
     for inp in session.get_inputs():
         shape = [d if isinstance(d, int) else (dims or {}).get(d, 1) for d in inp.shape]
         dtype = ORT_TYPES.get(inp.type)
         if dtype is None:
             raise ValueError(f"input {inp.name!r} has type {inp.type}, which roam cannot synthesise")
+        specs.append((inp.name, dtype, shape))
+    return synthesize(specs, seed)
+
+
+def synthesize(specs, seed: int = 0) -> dict[str, np.ndarray]:
+    """Small random floats and zero integers (zero is a valid index and a valid label), one array
+    per (name, numpy dtype, shape), drawn in the order given."""
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for name, dtype, shape in specs:
         if np.issubdtype(dtype, np.floating):
-            feeds[inp.name] = (rng.standard_normal(shape) * 0.1).astype(dtype)
+            feeds[name] = (rng.standard_normal(shape) * 0.1).astype(dtype)
         else:
-            feeds[inp.name] = np.zeros(shape, dtype=dtype)
+            feeds[name] = np.zeros(shape, dtype=dtype)
     return feeds

@@ -1,4 +1,5 @@
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -20,7 +21,7 @@ class Run:
 def roam(*args, cwd=None) -> Run:
     """Run the CLI as a user would: a separate process, real exit code and streams."""
     proc = subprocess.run([sys.executable, "-m", "roam_cli", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin", "HOME": str(ROOT)})
+                          cwd=cwd, env={**os.environ, "COLUMNS": "200"})
     return Run(proc)
 
 

@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# `roam execute` on CUDAExecutionProvider, beside the CPU run, on the bundled sample and on any
+# training graphs given; prints one table row per model and provider.
+#
+#   benchmarks/cuda_check.sh [MODEL.onnx ...]          # from the repository root
+#   PROVIDERS=cpu benchmarks/cuda_check.sh MODEL.onnx  # the same table without a GPU
+#   ORDER=original benchmarks/cuda_check.sh            # plans made with another order (default roam)
+#
+# Needs the GPU build of ONNX Runtime training (pip install onnxruntime-training). Exit 2 when
+# CUDA is not available, 1 when a run failed its checks.
+set -euo pipefail
+PROVIDERS=${PROVIDERS:-cuda cpu}
+ORDER=${ORDER:-roam}
+python - $PROVIDERS <<'PY'
+import sys
+import onnxruntime as ort
+print(f"onnxruntime {ort.__version__}: {', '.join(ort.get_available_providers())}")
+if "cuda" in sys.argv[1:] and "CUDAExecutionProvider" not in ort.get_available_providers():
+    print("CUDA is not available: install onnxruntime-training (the GPU build) on a CUDA machine", file=sys.stderr)
+    sys.exit(2)
+PY
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true
+
+work=$(mktemp -d)
+status=0
+for model in sample_models/gpt2_tiny/training_model.onnx "$@"; do
+  plan="$work/$(echo "$model" | tr '/.' '__').json"
+  python -m roam_cli -q optimize "$model" -o "$plan" --order "$ORDER"
+  for provider in $PROVIDERS; do
+    python -m roam_cli execute "$model" --plan "$plan" --provider "$provider" --json \
+      > "$plan.$provider.result" || status=1
+  done
+done
+python - "$work" <<'PY'
+import json, pathlib, sys
+print(f"{'model':<44} {'provider':<8} {'order':<9} {'agreement':>9} {'replay rel':>10} {'bitwise':>9} "
+      f"{'ORT pow2':>13} {'ORT exact':>13} {'ORT exact':>13} {'roam arena':>13} {'s':>5}  result")
+print(f"{'':<44} {'':<8} {'':<9} {'':>9} {'':>10} {'':>9} {'orig. order':>13} {'orig. order':>13} "
+      f"{'plan order':>13}")
+for path in sorted(pathlib.Path(sys.argv[1]).glob("*.result")):
+    text = path.read_text()
+    if not text.strip():
+        print(f"{path.name:<44} no result (see the error above)")
+        continue
+    r = json.loads(text)
+    a, rp = r["ort_arena_bytes"], r["replay"]
+    rel = "n/a" if rp["max_rel"] is None else f"{rp['max_rel']:.1e}"
+    print(f"{r['model'][-44:]:<44} {r['provider']:<8} {r['plan']['order_strategy']:<9} "
+          f"{r['order']['agreement']:>9.4%} {rel:>10} {rp['bitwise_equal']:>4}/{rp['tensors']:<4} "
+          f"{a['original_order']['next_power_of_two'] or 0:>13,} {a['original_order']['same_as_requested'] or 0:>13,} "
+          f"{a['plan_order']['same_as_requested'] or 0:>13,} {r['plan']['arena_bytes']:>13,} "
+          f"{sum(r['seconds'].values()):>5.0f}  {'; '.join(r['failures']) or 'OK'}")
+PY
+exit $status

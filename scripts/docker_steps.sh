@@ -1,0 +1,33 @@
+#!/bin/sh
+# The Dockerfile's install steps, as a script, so that CI can run them in a clean virtualenv
+# and the image recipe is tested without a docker engine:
+#   scripts/docker_steps.sh SOURCE_DIR
+# installs roam from SOURCE_DIR with the `plot` extra into the current Python, then checks
+# that the installed `roam` plans, reports, draws and exports the bundled sample.
+# ORT_PACKAGE=onnxruntime-training installs ONNX Runtime training's CUDA build instead of the
+# CPU one (the GPU image; the same `onnxruntime` module).
+set -eu
+src=${1:?usage: scripts/docker_steps.sh SOURCE_DIR}
+ort=${ORT_PACKAGE:-onnxruntime-training-cpu}
+
+python -m pip install --no-cache-dir "$src[plot]"
+if [ "$ort" != onnxruntime-training-cpu ]; then
+    python -m pip uninstall -y onnxruntime-training-cpu
+    python -m pip install --no-cache-dir "$ort"
+fi
+
+# smoke test, as the image's user would run it
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+roam --version
+# ONNX Runtime with the training kernels (InPlaceAccumulatorV2, ...) loads the sample training graph
+python -c "import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])" \
+    "$src/sample_models/gpt2_tiny/training_model.onnx"
+roam -q optimize "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/plan.json"
+roam -q report "$work/plan.json" --format markdown > "$work/plan.md"
+roam -q plot "$work/plan.json" -o "$work"
+roam -q export "$work/plan.json" --perfetto "$work/trace.json" --memory-snapshot "$work/snapshot.pickle"
+for f in plan.md live_memory.png layout.svg trace.json snapshot.pickle; do
+    test -s "$work/$f" || { echo "docker_steps: $f was not written" >&2; exit 1; }
+done
+echo "docker_steps: roam installed and working"
