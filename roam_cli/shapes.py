@@ -61,7 +61,10 @@ def infer(model: onnx.ModelProto, dims: dict[str, int], run_path: Path | None) -
     model = copy.deepcopy(model)
     bind_dims(model, dims)
     try:
-        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=True)
+        # No data_prop: ONNX's data propagation spells out every 1-D Add/Sub/Mul operand as a shape
+        # with one dim per element (~50 B each: a 10^8-element flat buffer costs 5 GB, and more
+        # gets the process killed). The walk below evaluates the small integer tensors instead.
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False, data_prop=False)
     except Exception:  # onnx raises many types; the walk below still fills what it can
         inferred = model
     g = inferred.graph
@@ -69,6 +72,10 @@ def infer(model: onnx.ModelProto, dims: dict[str, int], run_path: Path | None) -
     for t in g.initializer:
         types[t.name] = (t.data_type, tuple(t.dims))
     for vi in list(g.input) + list(g.value_info) + list(g.output):
+        kind = vi.type.WhichOneof("value")
+        if kind not in ("tensor_type", None):  # sequence, map, optional, sparse tensor
+            raise RoamError(f"{vi.name!r} is of {kind.removesuffix('_type').replace('_', ' ')} type: "
+                            "roam plans tensors only")
         t = tensor_type(vi)
         if t is not None:
             types.setdefault(vi.name, t)
@@ -92,7 +99,11 @@ def known_values(g: onnx.GraphProto) -> dict[str, np.ndarray]:
     values = {}
     for t in g.initializer:
         if t.data_location != TensorProto.EXTERNAL and np.prod(t.dims) <= SMALL and is_int(t.data_type):
-            values[t.name] = numpy_helper.to_array(t)
+            try:
+                values[t.name] = numpy_helper.to_array(t)
+            except ValueError:  # e.g. raw_data shorter than the shape says
+                raise RoamError(f"initializer {t.name!r} is corrupt: its data does not match its shape "
+                                f"{list(t.dims)}") from None
     return values
 
 
@@ -265,6 +276,18 @@ def layer_norm_grad(node, t, v):
     return [t[1], t[2], t[2]][: len(node.output)]
 
 
+def batch_norm_internal(node, t, v):
+    # (X, scale, B, running_mean, running_var) -> Y like X; new running stats, saved mean and
+    # saved inverse std-dev, all of the per-channel statistics' shape
+    stats = (t[0][0], t[3][1])
+    return [t[0], t[3], t[4], stats, stats][: len(node.output)]
+
+
+def conv_grad(node, t, v):
+    # (dY, X, W) -> dX like X, dW like W, dB one per output channel
+    return [t[1], t[2], (t[2][0], (t[2][1][0],))][: len(node.output)]
+
+
 def concat_training(node, t, v):
     axis = attr(node, "axis")
     shapes = [s[1] for s in t if s is not None]
@@ -295,6 +318,9 @@ CONTRIB_RULES: dict[str, Callable] = {
     "LayerNormalizationGrad": layer_norm_grad,
     "SimplifiedLayerNormalizationGrad": layer_norm_grad,
     "InvertibleLayerNormalizationGrad": layer_norm_grad,
+    "BatchNormalizationGrad": layer_norm_grad,  # (dY, X, scale, saved mean, saved inv std-dev): same outputs
+    "BatchNormInternal": batch_norm_internal,
+    "ConvGrad": conv_grad,
     "GatherGrad": shape_from_value(0, 2),
     "GatherNDGrad": shape_from_value(0, 2),
     "GatherElementsGrad": shape_from_value(1, 0),
@@ -340,6 +366,9 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
         raise RoamError(f"--shapes-from-run: ONNX Runtime could not run the graph: {first}") from None
     out = {}
     for name, r in zip(names, results):
+        if not isinstance(r, np.ndarray):  # a sequence, map or empty optional
+            raise RoamError(f"{name!r} is not a tensor (ONNX Runtime returned a {type(r).__name__}): "
+                            "roam plans tensors only")
         arr = np.asarray(r)
         out[name] = (helper.np_dtype_to_tensor_dtype(arr.dtype), arr.shape)
     return out

@@ -2,7 +2,8 @@
 """Build ONNX Runtime *training* graphs of GPT-2 for testing roam's planner.
 
 Needs (only for this script): torch, transformers (5.x), onnxscript, onnx,
-onnxruntime-training (1.19.x). Install torch with ``pip install torch==2.13.0``.
+onnxruntime-training (1.19.x): ``pip install '.[bench]'`` with torch's CPU build
+(``pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu``).
 
 Usage (from the repository root)::
 
@@ -27,20 +28,23 @@ What it does
 2. Exports ``Wrapper(input_ids, labels) -> loss`` (the HF causal-LM loss, i.e.
    logits shifted by one and SoftmaxCrossEntropyLoss with ignore_index=-100)
    with ``torch.onnx.export(..., dynamo=True, optimize=False)``, opset 18.
-3. Lifts every parameter out of the initializer list into a graph input, then
-   runs the exporter's optimizer (``ONNXProgram.optimize()``). Parameters are
-   therefore never constant-folded (e.g. wpe gathered at constant positions)
-   or merged (equal initializers), while the rest of the graph is cleaned up
-   as with the exporter's default ``optimize=True``.
-4. Puts the parameters back as initializers (embedded data, or external data
-   pointing into a sparse file for ``--no-weights``), adds the optional outputs
-   the ORT gradient builders need (LayerNormalization Mean/InvStdDev, Dropout
-   mask, SoftmaxCrossEntropyLoss log_prob), sets ir_version 10.
-5. Calls ``onnxruntime.training.artifacts.generate_artifacts`` with
-   ``requires_grad`` = all parameters, ``loss=None`` (the graph output already
-   is the loss) and ``optimizer=AdamW``. With ``--no-weights`` the checkpoint
-   is not written (it would need the weights). All written models are clamped
-   to ir_version <= 10 so onnxruntime 1.19 loads them.
+3. ``roam_cli.torch_export.export``: lifts every parameter out of the initializer
+   list into a graph input, runs the exporter's optimizer
+   (``ONNXProgram.optimize()``), puts the parameters back as initializers
+   (embedded data, or external data pointing into a sparse file that is never
+   written for ``--no-weights``). Parameters are therefore never
+   constant-folded (e.g. wpe gathered at constant positions) or merged (equal
+   initializers), while the rest of the graph is cleaned up as with the
+   exporter's default ``optimize=True``.
+4. ``roam_cli.training_graph.repair``: adds the optional outputs the ORT
+   gradient builders need (LayerNormalization Mean/InvStdDev, Dropout mask,
+   SoftmaxCrossEntropyLoss log_prob); ir_version 10.
+5. ``roam_cli.training_graph.build`` (what ``roam make-training-graph`` uses;
+   the same onnxblock calls as ``artifacts.generate_artifacts``) with
+   ``requires_grad`` = all parameters, loss ``none`` (the graph output already
+   is the loss) and AdamW. With ``--no-weights`` the checkpoint is not written
+   (it would need the weights). All written models have ir_version <= 10 so
+   onnxruntime 1.19 loads them.
 6. ``--check`` loads training/eval/optimizer models in a plain
    ``onnxruntime.InferenceSession`` and runs them once on random feeds; with
    weights it also compares the eval loss with PyTorch.
@@ -50,8 +54,6 @@ Deterministic (fixed seeds) and re-runnable: outputs are overwritten.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import os
 import random
 import sys
 import time
@@ -60,10 +62,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
 
-MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
-OPSET = 18
+from roam_cli import torch_export, training_graph
+
 SEED = 1234
 HERE = Path(__file__).resolve().parent
 
@@ -148,164 +149,6 @@ def build_model(args):
             return self.m(input_ids=input_ids, labels=labels, use_cache=False).loss
 
     return Wrapper(model), model
-
-
-def param_names(hf_model):
-    """name -> canonical name for every (possibly tied) parameter, prefixed as in Wrapper."""
-    canon = {}
-    by_id = {}
-    for name, p in hf_model.named_parameters(remove_duplicate=False):
-        first = by_id.setdefault(id(p), name)
-        canon["m." + name] = first
-    return canon
-
-
-# -------------------------------------------------------------------------- export
-
-def export_forward(args, wrapper, hf_model):
-    """Export and return (ModelProto without parameter initializers, [(name, dims, dtype)])."""
-    import torch
-
-    dev = "meta" if args.no_weights else "cpu"
-    gen = torch.Generator().manual_seed(SEED + 2)
-    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(dev)
-    t = time.time()
-    prog = torch.onnx.export(
-        wrapper, (ids, ids.clone()), dynamo=True, opset_version=OPSET, optimize=False,
-        input_names=["input_ids", "labels"], output_names=["loss"], verbose=False,
-    )
-    log(f"export: {time.time() - t:.1f}s")
-
-    canon = param_names(hf_model)
-    g = prog.model.graph
-    params = []
-    for name in list(g.initializers.keys()):
-        if name not in canon:
-            continue
-        v = g.initializers.pop(name)
-        v.const_value = None  # a plain graph input: never folded nor merged
-        v.name = canon[name]
-        g.inputs.append(v)
-        params.append(v.name)
-    missing = sorted(set(canon.values()) - set(params))
-    if missing:
-        raise SystemExit(f"parameters not found among exported initializers: {missing}")
-    prog.optimize()
-
-    from onnx_ir import to_proto
-
-    mp = to_proto(prog.model)
-    inputs = {i.name: i for i in mp.graph.input}
-    plist = []
-    for name in params:
-        vi = inputs[name]
-        tt = vi.type.tensor_type
-        dims = [d.dim_value for d in tt.shape.dim]
-        plist.append((name, dims, tt.elem_type))
-    keep = [i for i in mp.graph.input if i.name not in set(params)]
-    del mp.graph.input[:]
-    mp.graph.input.extend(keep)
-    return mp, plist
-
-
-def add_params(mp, plist, hf_model, no_weights, data_file):
-    """Re-add the parameters as initializers (embedded, or external into a sparse file)."""
-    offset = 0
-    sd = None if no_weights else dict(hf_model.named_parameters())
-    inits = []
-    for name, dims, dtype in plist:
-        if no_weights:
-            t = TensorProto(name=name, data_type=dtype, dims=dims)
-            nbytes = int(np.prod(dims)) * helper.tensor_dtype_to_np_dtype(dtype).itemsize
-            t.data_location = TensorProto.EXTERNAL
-            for k, v in (("location", data_file), ("offset", str(offset)), ("length", str(nbytes))):
-                e = t.external_data.add()
-                e.key, e.value = k, v
-            offset += (nbytes + 4095) // 4096 * 4096
-        else:
-            arr = sd[name].detach().cpu().numpy()
-            assert list(arr.shape) == dims, (name, arr.shape, dims)
-            t = numpy_helper.from_array(arr, name)
-        inits.append(t)
-    mp.graph.initializer.extend(inits)
-    return offset
-
-
-def strip_metadata(mp):
-    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths)."""
-    for n in mp.graph.node:
-        keep = [(p.key, p.value) for p in n.metadata_props if p.key == "namespace"]
-        del n.metadata_props[:]
-        for k, v in keep:
-            n.metadata_props.add(key=k, value=v)
-        n.doc_string = ""
-
-
-def fix_for_ort_training(mp):
-    """Add optional outputs the ORT gradient builders read; return a count per op."""
-    fixed = Counter()
-    want = {("", "LayerNormalization"): ["mean", "inv_std_dev"],
-            ("", "Dropout"): ["mask"],
-            ("", "SoftmaxCrossEntropyLoss"): ["log_prob"]}
-    for n in mp.graph.node:
-        extra = want.get((n.domain, n.op_type))
-        if not extra:
-            continue
-        while len(n.output) < 1 + len(extra):
-            suffix = extra[len(n.output) - 1]
-            n.output.append(f"{n.output[0]}.{suffix}")
-            fixed[n.op_type] += 1
-    return fixed
-
-
-def clamp_ir(mp):
-    if mp.ir_version > MAX_IR_VERSION:
-        mp.ir_version = MAX_IR_VERSION
-    for o in mp.opset_import:
-        if o.domain in ("", "ai.onnx") and o.version > 21:
-            raise SystemExit(f"opset {o.version} too new for onnxruntime 1.19")
-    return mp
-
-
-@contextlib.contextmanager
-def chdir(path):
-    old = os.getcwd()
-    os.chdir(path)
-    try:
-        yield
-    finally:
-        os.chdir(old)
-
-
-@contextlib.contextmanager
-def quiet_ort():
-    """generate_artifacts builds its own SessionOptions, which log every graph transformer at INFO."""
-    import onnxruntime as ort
-    from onnxruntime.training.onnxblock import _training_graph_utils as tgu
-
-    def options():
-        so = ort.SessionOptions()
-        so.log_severity_level = 3
-        return so
-
-    orig = tgu.SessionOptions
-    tgu.SessionOptions = options
-    try:
-        yield
-    finally:
-        tgu.SessionOptions = orig
-
-
-@contextlib.contextmanager
-def no_checkpoint():
-    from onnxruntime.training import onnxblock
-
-    orig = onnxblock.save_checkpoint
-    onnxblock.save_checkpoint = lambda *a, **k: log("checkpoint: skipped (--no-weights)")
-    try:
-        yield
-    finally:
-        onnxblock.save_checkpoint = orig
 
 
 # --------------------------------------------------------------------------- check
@@ -414,51 +257,37 @@ def main(argv=None):
         f"positions={args.positions} batch={args.batch} seq={args.seq} dropout={args.dropout} "
         f"weights={'no (meta device)' if args.no_weights else 'yes'} -> {out}")
 
+    import torch
+
     wrapper, hf_model = build_model(args)
     n_torch = len(list(hf_model.parameters()))  # unique tensors (wte/lm_head tied)
     n_torch_elems = sum(p.numel() for p in hf_model.parameters())
 
-    mp, plist = export_forward(args, wrapper, hf_model)
-    data_file = "weights.bin"
-    nbytes = add_params(mp, plist, hf_model, args.no_weights, data_file)
-    strip_metadata(mp)
-    fixed = fix_for_ort_training(mp)
-    clamp_ir(mp)
-    log(f"forward graph: {len(mp.graph.node)} nodes, {len(plist)} parameters; added outputs: {dict(fixed)}")
-    if not args.no_weights:  # with --no-weights the checker runs inside generate_artifacts (cwd=out)
+    dev = "meta" if args.no_weights else "cpu"
+    gen = torch.Generator().manual_seed(SEED + 2)
+    ids = torch.randint(0, args.vocab, (args.batch, args.seq), generator=gen).to(dev)
+    exported = torch_export.export(wrapper, (ids, ids.clone()), ["input_ids", "labels"], ["loss"], prefix="m.",
+                                   log=log)
+    mp = exported.model
+    fixed = training_graph.repair(mp)
+    training_graph.clamp_ir(mp)
+    log(f"forward graph: {len(mp.graph.node)} nodes, {len(exported.parameters)} parameters; "
+        f"added outputs: {dict(fixed)}")
+    if not args.no_weights:
         onnx.checker.check_model(mp)
 
-    from onnxruntime.training import artifacts
-
-    for stale in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
-        (out / stale).unlink(missing_ok=True)
     t = time.time()
-    requires_grad = [n for n, _, _ in plist]
+    chosen = training_graph.survey(mp, requires_grad=exported.parameters)
+    built = training_graph.build(mp, chosen, loss="none", optimizer="adamw")
+    for name, proto in (("training_model.onnx", built.training), ("eval_model.onnx", built.eval),
+                        ("optimizer_model.onnx", built.optimizer)):
+        onnx.save(proto, str(out / name))
     if args.no_weights:
-        # The external-data file only has to exist (the checker tests that); make it sparse.
-        if (out / "checkpoint").is_file():
-            (out / "checkpoint").unlink()  # stale weights from an earlier run with weights
-        with open(out / data_file, "wb") as f:
-            f.truncate(nbytes)
-        with chdir(out), no_checkpoint(), quiet_ort():
-            artifacts.generate_artifacts(mp, requires_grad=requires_grad, frozen_params=[], loss=None,
-                                         optimizer=artifacts.OptimType.AdamW, artifact_directory=out)
+        (out / "checkpoint").unlink(missing_ok=True)  # stale weights from an earlier run with weights
+        log("checkpoint: skipped (--no-weights)")
     else:
-        with quiet_ort():
-            artifacts.generate_artifacts(mp, requires_grad=requires_grad, frozen_params=[], loss=None,
-                                         optimizer=artifacts.OptimType.AdamW, artifact_directory=out)
-    log(f"generate_artifacts: {time.time() - t:.1f}s")
-
-    referenced = False
-    for name in ("training_model.onnx", "eval_model.onnx", "optimizer_model.onnx"):
-        p = out / name
-        m = onnx.load(str(p), load_external_data=False)
-        if m.ir_version > MAX_IR_VERSION:
-            m.ir_version = MAX_IR_VERSION
-            onnx.save(m, str(p))
-        referenced |= any(t.data_location == TensorProto.EXTERNAL for t in m.graph.initializer)
-    if args.no_weights and not referenced:
-        (out / data_file).unlink()  # params became graph inputs; nothing points into it any more
+        training_graph.write_checkpoint(built.parameters, out, out / "checkpoint")
+    log(f"training artifacts: {time.time() - t:.1f}s")
 
     tm = onnx.load(str(out / "training_model.onnx"), load_external_data=False)
     inputs = [i.name for i in tm.graph.input]

@@ -1,0 +1,224 @@
+#!/usr/bin/env python3
+"""The benchmark suite: training graphs of standard models, without weights, from one command.
+
+    python benchmarks/suite.py                      # every model -> /work/suite_cache/<model>/
+    python benchmarks/suite.py --only gpt2_small,bert_base --out DIR
+    python benchmarks/suite.py --list               # the models and their sizes
+    python benchmarks/suite.py --tiny --forward-only --out tests/fixtures   # the test fixtures
+
+Each model is a Hugging Face model built from its configuration on `torch.device("meta")`: no
+download, no weight is ever allocated (random-weight configs, so nothing is folded or merged by
+value either). For each model, in `<out>/<model>/`:
+
+- `forward.onnx`: forward (+ the model's own loss for language models), exported with
+  `roam_cli.torch_export` (torch.onnx dynamo exporter; every parameter survives as an
+  initializer pointing into `weights.bin`, which is never written);
+- `training_model.onnx`, `optimizer_model.onnx`: `roam make-training-graph forward.onnx
+  --loss ...` (ONNX Runtime artifacts: forward, loss, backward, gradient accumulation; AdamW);
+- `full_step.onnx`: the same with `--in-graph-optimizer` (one graph: forward, backward, AdamW);
+- `model.json`: the model's row of the table below (sizes, parameters, nodes, seconds).
+
+The parameters `make-training-graph` finds by itself must be PyTorch's trainable parameter
+tensors, count and elements; the script stops if not. Prints one row per model.
+
+Needs the `bench` extra (torch, transformers, onnxscript)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import resource
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+DEFAULT_OUT = Path("/work/suite_cache")
+SEED = 1234
+
+
+@dataclass(frozen=True)
+class Model:
+    name: str
+    family: str  # gpt2 | bert | t5 | vit | resnet
+    config: dict = field(hash=False)
+    batch: int = 1
+    seq: int = 0  # tokens (language models) or image side in pixels (vision)
+
+    @property
+    def size(self) -> str:
+        return f"batch {self.batch}, " + (f"{self.seq}x{self.seq} image" if self.family in ("vit", "resnet")
+                                           else f"sequence {self.seq}")
+
+
+GPT2 = dict(vocab_size=50257, n_positions=1024, bos_token_id=0, eos_token_id=0)
+BERT = dict(vocab_size=30522, max_position_embeddings=512)
+MODELS = [
+    # batch 1 where the parameters, gradients and optimizer state dominate memory
+    Model("gpt2_small", "gpt2", dict(GPT2, n_layer=12, n_embd=768, n_head=12), batch=4, seq=256),
+    Model("gpt2_medium", "gpt2", dict(GPT2, n_layer=24, n_embd=1024, n_head=16), batch=1, seq=512),
+    Model("gpt2_large", "gpt2", dict(GPT2, n_layer=36, n_embd=1280, n_head=20), batch=1, seq=512),
+    Model("bert_base", "bert", dict(BERT, num_hidden_layers=12, hidden_size=768, num_attention_heads=12,
+                                    intermediate_size=3072), batch=8, seq=128),
+    Model("bert_large", "bert", dict(BERT, num_hidden_layers=24, hidden_size=1024, num_attention_heads=16,
+                                     intermediate_size=4096), batch=1, seq=512),
+    Model("vit_base", "vit", dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
+                                  intermediate_size=3072, image_size=224, patch_size=16, num_labels=1000),
+          batch=8, seq=224),
+    Model("resnet50", "resnet", dict(embedding_size=64, hidden_sizes=[256, 512, 1024, 2048], depths=[3, 4, 6, 3],
+                                     layer_type="bottleneck", num_labels=1000), batch=8, seq=224),
+    Model("t5_small", "t5", dict(vocab_size=32128, d_model=512, d_kv=64, d_ff=2048, num_layers=6, num_heads=8,
+                                 decoder_start_token_id=0), batch=4, seq=128),
+    Model("gpt2_xl", "gpt2", dict(GPT2, n_layer=48, n_embd=1600, n_head=25), batch=1, seq=512),
+]
+TINY = [  # the same families at toy sizes: the test fixtures (tests/fixtures/<model>/forward.onnx)
+    Model("tiny_gpt2", "gpt2", dict(vocab_size=512, n_positions=64, n_layer=1, n_embd=32, n_head=2,
+                                    bos_token_id=0, eos_token_id=0), batch=2, seq=16),
+    Model("tiny_bert", "bert", dict(vocab_size=512, max_position_embeddings=64, num_hidden_layers=1, hidden_size=32,
+                                    num_attention_heads=2, intermediate_size=64), batch=2, seq=16),
+    Model("tiny_resnet", "resnet", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
+                                        num_labels=10), batch=2, seq=32),
+]
+
+
+def build(spec: Model, meta: bool = True):
+    """(module in train mode, example args, input names, output names, --loss) for a model."""
+    import contextlib
+
+    import transformers as hf
+
+    family = {
+        "gpt2": (hf.GPT2Config, hf.GPT2LMHeadModel, dict(use_cache=False)),
+        "bert": (hf.BertConfig, hf.BertForMaskedLM, {}),
+        "t5": (hf.T5Config, hf.T5ForConditionalGeneration, dict(use_cache=False)),
+        "vit": (hf.ViTConfig, hf.ViTForImageClassification, {}),
+        "resnet": (hf.ResNetConfig, hf.ResNetForImageClassification, {}),
+    }
+    config_cls, model_cls, extra = family[spec.family]
+    attention = {} if spec.family == "resnet" else dict(attn_implementation="eager")  # plain MatMul/Softmax
+    config = config_cls(**spec.config, **extra, **attention)
+    with torch.device("meta") if meta else contextlib.nullcontext():
+        model = model_cls(config)
+    model.train()
+    device = "meta" if meta else "cpu"
+    gen = torch.Generator().manual_seed(SEED)
+    if spec.family in ("vit", "resnet"):
+        wrapper = Logits(model)
+        pixels = torch.randn(spec.batch, 3, spec.seq, spec.seq, generator=gen).to(device)
+        return wrapper, (pixels,), ["pixel_values"], ["logits"], "cross-entropy"
+    wrapper = LanguageModelLoss(model)
+    ids = torch.randint(0, config.vocab_size, (spec.batch, spec.seq), generator=gen).to(device)
+    return wrapper, (ids, ids.clone()), ["input_ids", "labels"], ["loss"], "none"
+
+
+class LanguageModelLoss(torch.nn.Module):
+    """input_ids, labels -> the model's own training loss (shifted for causal LMs, masked LM for BERT,
+    decoder inputs from labels for T5)."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, input_ids, labels):
+        return self.m(input_ids=input_ids, labels=labels).loss
+
+
+class Logits(torch.nn.Module):
+    """pixel_values -> class logits; make-training-graph adds the cross-entropy loss."""
+
+    def __init__(self, m):
+        super().__init__()
+        self.m = m
+
+    def forward(self, pixel_values):
+        return self.m(pixel_values=pixel_values).logits
+
+
+def export(spec: Model, out: Path, meta: bool = True):
+    """Export one model to <out>/<model>/forward.onnx; returns (path, module, --loss, export seconds)."""
+    from roam_cli import torch_export
+    from roam_cli.fileio import write_atomic
+
+    folder = out / spec.name
+    folder.mkdir(parents=True, exist_ok=True)
+    wrapper, args, inputs, outputs, loss = build(spec, meta)
+    exported = torch_export.export(wrapper, args, inputs, outputs, prefix="m.")
+    write_atomic(folder / "forward.onnx", exported.model.SerializeToString())
+    return folder / "forward.onnx", wrapper, loss, exported.seconds
+
+
+def make(spec: Model, out: Path, meta: bool = True) -> dict:
+    """Export one model and make both training graphs; returns the row for the table."""
+    import onnx
+
+    from roam_cli import training_graph
+    from roam_cli.fileio import write_atomic
+
+    forward, wrapper, loss, export_s = export(spec, out, meta)
+    folder = forward.parent
+    params = list(wrapper.parameters())  # unique tensors: tied weights count once
+
+    t = time.time()
+    made = training_graph.make(forward, folder / "training_model.onnx", loss=loss,
+                               optimizer_path=folder / "optimizer_model.onnx")
+    artifacts_s = time.time() - t
+    t = time.time()
+    training_graph.make(forward, folder / "full_step.onnx", loss=loss, in_graph=True)
+    full_s = time.time() - t
+    found = made.survey
+    expected = (len(params), sum(p.numel() for p in params))
+    if (len(found.trainable), found.elements) != expected:
+        raise SystemExit(f"{spec.name}: make-training-graph found {len(found.trainable)} parameter tensors "
+                         f"({found.elements:,} elements), PyTorch has {expected[0]} ({expected[1]:,})")
+    nodes = {p.name: len(onnx.load(str(p), load_external_data=False).graph.node)
+             for p in (forward, folder / "training_model.onnx", folder / "full_step.onnx")}
+    row = dict(model=spec.name, size=spec.size, params=expected[0], elements=expected[1],
+               forward=nodes["forward.onnx"], training=nodes["training_model.onnx"],
+               full_step=nodes["full_step.onnx"], export_s=export_s, artifacts_s=artifacts_s, full_step_s=full_s)
+    write_atomic(folder / "model.json", json.dumps(row, indent=1))  # what make_benchmarks_md.py reports
+    return row
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--out", type=Path, default=DEFAULT_OUT, help=f"output folder (default {DEFAULT_OUT})")
+    p.add_argument("--only", help="comma-separated model names (default: all, in the listed order)")
+    p.add_argument("--tiny", action="store_true", help="the toy-sized models (test fixtures) instead")
+    p.add_argument("--forward-only", action="store_true", help="only export forward.onnx (how the fixtures are made)")
+    p.add_argument("--list", action="store_true", help="list the models and exit")
+    a = p.parse_args(argv)
+    warnings.filterwarnings("ignore")  # the exporter warns about every traced HF construct
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+    logging.getLogger("torch._export").setLevel(logging.ERROR)
+    pool = TINY if a.tiny else MODELS
+    if a.list:
+        for m in pool:
+            print(f"{m.name:12} {m.family:7} {m.size}")
+        return 0
+    chosen = pool if not a.only else [m for m in pool if m.name in a.only.split(",")]
+    unknown = set(a.only.split(",")) - {m.name for m in pool} if a.only else set()
+    if unknown:
+        p.error(f"unknown models: {', '.join(sorted(unknown))} (see --list)")
+    header = ("model", "size", "param tensors", "parameters", "forward nodes", "training nodes", "full-step nodes",
+              "export s", "artifacts s", "full step s")
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
+    if a.forward_only:
+        for spec in chosen:
+            print(f"wrote {export(spec, a.out)[0]}")
+        return 0
+    for spec in chosen:
+        r = make(spec, a.out)
+        print(f"| {r['model']} | {r['size']} | {r['params']} | {r['elements']:,} | {r['forward']:,} | "
+              f"{r['training']:,} | {r['full_step']:,} | {r['export_s']:.1f} | {r['artifacts_s']:.1f} | "
+              f"{r['full_step_s']:.1f} |", flush=True)
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
+    print(f"\npeak RSS {peak:.1f} GiB; graphs in {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,207 @@
+"""ONNX Runtime artifacts training graph -> one graph for the whole training step, optimizer inside.
+
+The artifacts training graph adds each parameter's gradient into a persistent buffer
+(`InPlaceAccumulatorV2`) and leaves the update to a separate optimizer graph. Here the
+accumulators, their buffers and `lazy_reset_grad` are dropped, and each parameter's update —
+AdamW or SGD in standard ONNX ops — consumes its gradient directly, placed right after the last
+node that needs the parameter's old value. Parameters, moments (`<param>.exp_avg`,
+`<param>.exp_avg_sq`) and the update counter `step` are graph inputs; their new values are graph
+outputs `<state>.out`, declared as in-place updates in metadata `roam.inplace`, so the memory model
+writes them into the state's own buffer. BatchNormalization running statistics are updated the
+same way.
+
+The maths is ONNX Runtime's: `AdamWOptimizer` with adam_mode 1 and bias correction (the
+correction folded into the learning rate, weight decay after the update) and `SGDOptimizerV2`
+(w -= lr * g), so one step matches the artifacts optimizer graph. `step` counts the updates
+done before this one; the update uses step + 1, which it also writes to `step.out`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from roam_cli.errors import RoamError
+from roam_cli.memory import INPLACE_KEY
+
+ACCUMULATORS = {("com.microsoft", "InPlaceAccumulatorV2"), ("com.microsoft", "InPlaceAccumulator")}
+# Ops that write new running statistics: output index -> the input holding the old value.
+RUNNING_STATS = {("com.microsoft", "BatchNormInternal"): {1: 3, 2: 4}, ("", "BatchNormalization"): {1: 3, 2: 4}}
+LEARNING_RATE, STEP = "learning_rate", "step"  # the artifacts optimizer graph's names
+
+
+@dataclass(frozen=True)
+class AdamW:
+    """onnxruntime.training.onnxblock.optim.AdamW's defaults."""
+
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-6
+    weight_decay: float = 0.0
+
+
+@dataclass(frozen=True)
+class SGD:
+    pass
+
+
+OPTIMIZERS = {"adamw": AdamW(), "sgd": SGD()}
+
+
+def gradient_accumulators(g: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    """parameter -> its accumulator node (inputs: buffer, <parameter>_grad, lazy_reset_grad)."""
+    found = {}
+    for n in g.node:
+        if (n.domain, n.op_type) in ACCUMULATORS and len(n.input) >= 2 and n.input[1].endswith("_grad"):
+            found[n.input[1][: -len("_grad")]] = n
+    return found
+
+
+def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw") -> onnx.ModelProto:
+    """The whole training step of an artifacts training graph, as a new model."""
+    opt = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
+    g = training.graph
+    accumulators = gradient_accumulators(g)
+    if not accumulators:
+        raise RoamError("not an ONNX Runtime artifacts training graph: no InPlaceAccumulatorV2 gradient accumulators")
+    states = {vi.name: (vi.type.tensor_type.elem_type, [d.dim_value for d in vi.type.tensor_type.shape.dim])
+              for vi in g.input}
+    states.update({t.name: (t.data_type, list(t.dims)) for t in g.initializer})
+    for p in accumulators:
+        if p not in states:
+            raise RoamError(f"gradient {p}_grad has no parameter {p!r} among the graph's inputs and initializers")
+        if states[p][0] != TensorProto.FLOAT:
+            raise RoamError(f"parameter {p!r} is not float32; the in-graph optimizer updates float32 parameters")
+    dropped = {id(n) for n in accumulators.values()}
+    kept = [n for n in g.node if id(n) not in dropped]
+    still_read = {x for n in kept for x in n.input}
+    dropped_inputs = {x for n in accumulators.values() for k, x in enumerate(n.input) if k != 1} - still_read
+    dropped_outputs = {x for n in accumulators.values() for x in n.output}
+    taken = (still_read | {x for n in kept for x in n.output} | {n.name for n in kept}
+             | (set(states) - dropped_inputs))
+
+    w = Writer(taken)
+    new_inputs = [w.input(LEARNING_RATE, TensorProto.FLOAT, [1])]
+    lr = LEARNING_RATE
+    pairs: dict[str, str] = {}  # new value -> state it replaces
+    if isinstance(opt, AdamW):
+        new_inputs.append(w.input(STEP, TensorProto.INT64, [1]))
+        step_out = w.op("Add", STEP, w.const(1, np.int64), out=f"{STEP}.out")
+        pairs[step_out] = STEP
+        t = w.op("Cast", step_out, to=TensorProto.FLOAT)
+        one = w.const(1.0)
+        bias1 = w.op("Sub", one, w.op("Pow", w.const(opt.beta1), t))
+        bias2 = w.op("Sub", one, w.op("Pow", w.const(opt.beta2), t))
+        lr_corrected = w.op("Div", w.op("Mul", lr, w.op("Sqrt", bias2)), bias1)
+        lr_decay = w.op("Mul", lr, w.const(opt.weight_decay)) if opt.weight_decay else None
+    head, w.nodes = w.nodes, []
+
+    # Each update runs right after the last node that reads the parameter's old value or makes its gradient.
+    last_use = {}
+    for i, n in enumerate(kept):
+        for x in list(n.input) + [o[: -len("_grad")] for o in n.output if o.endswith("_grad")]:
+            if x in accumulators:
+                last_use[x] = i
+    chains: dict[int, list[onnx.NodeProto]] = {}
+    for p in accumulators:
+        w.nodes = chains.setdefault(last_use[p], [])
+        grad = f"{p}_grad"
+        if isinstance(opt, AdamW):
+            m, v = f"{p}.exp_avg", f"{p}.exp_avg_sq"
+            new_inputs += [w.input(m, TensorProto.FLOAT, states[p][1]), w.input(v, TensorProto.FLOAT, states[p][1])]
+            m_out = w.op("Add", w.op("Mul", m, w.const(opt.beta1)), w.op("Mul", grad, w.const(1.0 - opt.beta1)),
+                         out=f"{m}.out")
+            v_out = w.op("Add", w.op("Mul", v, w.const(opt.beta2)),
+                         w.op("Mul", w.op("Mul", grad, grad), w.const(1.0 - opt.beta2)), out=f"{v}.out")
+            denom = w.op("Add", w.op("Sqrt", v_out), w.const(opt.eps))
+            update = w.op("Mul", w.op("Div", m_out, denom), lr_corrected)
+            if lr_decay is None:
+                p_out = w.op("Sub", p, update, out=f"{p}.out")
+            else:
+                moved = w.op("Sub", p, update)
+                p_out = w.op("Sub", moved, w.op("Mul", moved, lr_decay), out=f"{p}.out")
+            pairs.update({m_out: m, v_out: v})
+        else:
+            p_out = w.op("Sub", p, w.op("Mul", grad, lr), out=f"{p}.out")
+        pairs[p_out] = p
+
+    nodes = list(head)
+    for i, n in enumerate(kept):
+        nodes.append(n)
+        nodes.extend(chains.get(i, []))
+    pairs.update(running_stat_outputs(nodes, states, w))
+    states.update({vi.name: (vi.type.tensor_type.elem_type, [d.dim_value for d in vi.type.tensor_type.shape.dim])
+                   for vi in new_inputs})
+
+    out = onnx.ModelProto()
+    out.CopyFrom(training)
+    graph = out.graph
+    del graph.node[:]
+    graph.node.extend(nodes)
+    inputs = [i for i in g.input if i.name not in dropped_inputs] + new_inputs
+    del graph.input[:]
+    graph.input.extend(inputs)
+    outputs = [o for o in g.output if o.name not in dropped_outputs]
+    outputs += [helper.make_tensor_value_info(o, *states[s]) for o, s in pairs.items()]
+    del graph.output[:]
+    graph.output.extend(outputs)
+    graph.initializer.extend(w.initializers)
+    kept_info = [vi for vi in graph.value_info if vi.name not in dropped_outputs]
+    del graph.value_info[:]
+    graph.value_info.extend(kept_info)
+    out.metadata_props.add(key=INPLACE_KEY, value=json.dumps(pairs))
+    return out
+
+
+def running_stat_outputs(nodes: list[onnx.NodeProto], states: dict, w: "Writer") -> dict[str, str]:
+    """Name the new running statistics of BatchNormalization `<statistic>.out`: graph outputs
+    that replace the statistics in place."""
+    read = {x for n in nodes for x in n.input}
+    pairs = {}
+    for n in nodes:
+        for out_i, in_i in RUNNING_STATS.get((n.domain, n.op_type), {}).items():
+            if out_i < len(n.output) and n.output[out_i] and n.output[out_i] not in read and n.input[in_i] in states:
+                n.output[out_i] = w.claim(f"{n.input[in_i]}.out")
+                pairs[n.output[out_i]] = n.input[in_i]
+    return pairs
+
+
+class Writer:
+    """Appends nodes whose outputs and names are fresh; collects the scalar constants."""
+
+    def __init__(self, taken: set[str]):
+        self.taken = set(taken)
+        self.nodes: list[onnx.NodeProto] = []
+        self.initializers: list[onnx.TensorProto] = []
+        self.constants: dict[tuple, str] = {}
+        self.count = 0
+
+    def claim(self, name: str) -> str:
+        if name in self.taken:
+            raise RoamError(f"the training graph already has a tensor named {name!r}; the in-graph optimizer needs it")
+        self.taken.add(name)
+        return name
+
+    def fresh(self, hint: str) -> str:
+        self.count += 1
+        name = f"optimizer/{hint}_{self.count}"
+        return self.claim(name) if name not in self.taken else self.fresh(hint)
+
+    def input(self, name: str, dtype: int, shape: list[int]) -> onnx.ValueInfoProto:
+        return helper.make_tensor_value_info(self.claim(name), dtype, shape)
+
+    def const(self, value, dtype=np.float32) -> str:
+        """A one-element initializer (shape [1], like learning_rate and step)."""
+        key = (float(value), np.dtype(dtype).name)
+        if key not in self.constants:
+            self.constants[key] = name = self.fresh("const")
+            self.initializers.append(numpy_helper.from_array(np.array([value], dtype=dtype), name))
+        return self.constants[key]
+
+    def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:
+        output = self.claim(out) if out else self.fresh(op_type)
+        self.nodes.append(helper.make_node(op_type, list(inputs), [output], name=output, **attrs))
+        return output

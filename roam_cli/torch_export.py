@@ -1,0 +1,160 @@
+"""PyTorch module -> ONNX forward graph in which every parameter survives as its own initializer.
+
+`torch.onnx.export(dynamo=True)` with its default `optimize=True` constant-folds parameters
+(a Linear weight transposed once becomes an anonymous constant; `wpe` gathered at constant
+positions is folded away) and merges initializers that happen to be equal. Here the export
+runs with `optimize=False`, every parameter and buffer is lifted to a graph input, the
+exporter's optimizer runs (it cannot fold or merge inputs), and the parameters and buffers are
+put back as initializers under their PyTorch names.
+
+A module built under `torch.device("meta")` exports without weights: no parameter data ever
+exists, and each parameter becomes an external-data initializer pointing into a file that is
+never written (planning and gradient building never read it). Its buffers (position ids,
+BatchNorm statistics) are small; they are materialised with the model's own initialiser.
+
+Needs torch, onnxscript and onnx_ir (the `bench` extra); imported only by the suite generator
+and `sample_models/make_gpt2_tiny.py`."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+OPSET = 18
+PAGE = 4096  # external-data offsets are page aligned so a data file could be memory-mapped
+
+
+@dataclass
+class Exported:
+    model: onnx.ModelProto  # forward graph; parameters and buffers are initializers
+    parameters: list[str]  # trainable parameter initializers, in export order (tied: first name)
+    data_file: str | None  # the external-data file the parameters point into (meta device), never written
+    seconds: float  # torch.onnx.export time
+
+
+def canonical_names(module, prefix: str = "") -> tuple[dict[str, str], dict[str, str]]:
+    """(parameters, buffers): exported name -> name without `prefix`; tied tensors -> first name."""
+    def names(pairs):
+        first: dict[int, str] = {}
+        out = {}
+        for name, t in pairs:
+            out[name] = first.setdefault(id(t), name.removeprefix(prefix))
+        return out
+
+    return (names(module.named_parameters(remove_duplicate=False)),
+            names(module.named_buffers(remove_duplicate=False)))
+
+
+def materialised_buffers(module) -> dict[int, np.ndarray]:
+    """id(meta buffer) -> its value, from the model's own weight initialiser (buffers only)."""
+    import torch
+
+    swapped = []
+    for sub in module.modules():
+        for key, buf in sub._buffers.items():
+            if buf is not None and buf.is_meta:
+                swapped.append((sub, key, buf))
+                sub._buffers[key] = torch.empty_like(buf, device="cpu")
+    values = {}
+    try:
+        for sub in module.modules():
+            if hasattr(sub, "_init_weights"):  # Hugging Face: initialises buffers too
+                sub.apply(sub._init_weights)
+                break
+        else:
+            raise ValueError("the module has buffers on the meta device and no _init_weights to fill them")
+        for sub, key, buf in swapped:
+            values[id(buf)] = sub._buffers[key].numpy().copy()
+    finally:
+        for sub, key, buf in swapped:
+            sub._buffers[key] = buf
+    return values
+
+
+def export(module, args: tuple, input_names: list[str], output_names: list[str], *, prefix: str = "",
+           data_file: str = "weights.bin", opset: int = OPSET, log=lambda *a: None) -> Exported:
+    """Export `module(*args)` (train mode as set by the caller). Parameters on the meta device are
+    written as external data into `data_file` (not created); otherwise their values are embedded."""
+    import torch
+    from onnx_ir import to_proto
+
+    t = time.time()
+    prog = torch.onnx.export(module, args, dynamo=True, opset_version=opset, optimize=False,
+                             input_names=input_names, output_names=output_names, verbose=False)
+    seconds = time.time() - t
+    log(f"export: {seconds:.1f}s")
+
+    param_names, buffer_names = canonical_names(module, prefix)
+    g = prog.model.graph
+    lifted = []  # lifted to graph inputs so the exporter's optimizer can neither fold nor merge them
+    for name in list(g.initializers.keys()):
+        final = param_names.get(name) or buffer_names.get(name)
+        if final is None:
+            continue
+        v = g.initializers.pop(name)
+        v.const_value = None
+        v.name = final
+        g.inputs.append(v)
+        lifted.append(final)
+    params = [n for n in lifted if n in set(param_names.values())]
+    missing = sorted(set(param_names.values()) - set(params))
+    if missing:
+        raise ValueError(f"parameters not found among the exported initializers: {missing}")
+    prog.optimize()
+
+    mp = to_proto(prog.model)
+    inputs = {i.name: i for i in mp.graph.input}
+    specs = []
+    for name in lifted:
+        tt = inputs[name].type.tensor_type
+        specs.append((name, [d.dim_value for d in tt.shape.dim], tt.elem_type))
+    keep = [i for i in mp.graph.input if i.name not in set(lifted)]
+    del mp.graph.input[:]
+    mp.graph.input.extend(keep)
+
+    tensors = {param_names[name]: t for name, t in module.named_parameters(remove_duplicate=False)}
+    buffer_tensors = {buffer_names[name]: b for name, b in module.named_buffers(remove_duplicate=False)}
+    meta_values = materialised_buffers(module) if any(b.is_meta for b in buffer_tensors.values()) else {}
+    offset = 0
+    weightless = False
+    inits = []
+    for name, dims, dtype in specs:
+        source = tensors[name] if name in tensors else buffer_tensors[name]
+        if name in tensors and source.is_meta:
+            inits.append(external_tensor(name, dims, dtype, data_file, offset))
+            offset += -(-external_bytes(dims, dtype) // PAGE) * PAGE
+            weightless = True
+            continue
+        arr = meta_values[id(source)] if source.is_meta else source.detach().cpu().numpy()
+        assert list(arr.shape) == dims, (name, arr.shape, dims)
+        inits.append(numpy_helper.from_array(arr, name))
+    mp.graph.initializer.extend(inits)
+    strip_metadata(mp)
+    return Exported(mp, params, data_file if weightless else None, seconds)
+
+
+def external_bytes(dims: list[int], dtype: int) -> int:
+    return int(np.prod(dims, dtype=np.int64)) * helper.tensor_dtype_to_np_dtype(dtype).itemsize
+
+
+def external_tensor(name: str, dims: list[int], dtype: int, location: str, offset: int) -> TensorProto:
+    t = TensorProto(name=name, data_type=dtype, dims=dims)
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", str(offset)), ("length", str(external_bytes(dims, dtype)))):
+        e = t.external_data.add()
+        e.key, e.value = k, v
+    return t
+
+
+def strip_metadata(mp: onnx.ModelProto) -> None:
+    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths)."""
+    for n in mp.graph.node:
+        keep = [(p.key, p.value) for p in n.metadata_props if p.key == "namespace"]
+        del n.metadata_props[:]
+        for k, v in keep:
+            n.metadata_props.add(key=k, value=v)
+        n.doc_string = ""

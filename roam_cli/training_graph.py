@@ -1,0 +1,336 @@
+"""Inference ONNX export -> training graph: forward, loss and backward, plus its optimizer graph.
+
+Works on the graph's structure alone; no weight byte is ever read:
+1. `repair`: add what exporters leave out and ONNX Runtime's gradient builders need — the
+   optional outputs of LayerNormalization (mean, inverse std-dev), Dropout (mask) and
+   SoftmaxCrossEntropyLoss (log-probabilities), and BatchNormalization's training mode (exports
+   of a model in train mode still carry the inference form, which normalises with the running
+   statistics).
+2. `survey`: which initializers are trainable parameters, which are frozen state, and which look
+   like parameters the exporter folded into constants or merged.
+3. `build`: the ONNX Runtime training artifacts (`onnxruntime.training.onnxblock`, the library
+   behind `artifacts.generate_artifacts`): training graph with gradient accumulation buffers, eval
+   graph, optimizer graph. Parameters and every external-data initializer become graph inputs
+   before ONNX Runtime sees the graph; the onnx checker only tests that external-data files
+   exist, so sparse stand-ins in a scratch folder take their place.
+
+`onnxruntime.training` imports torch: it is imported only inside `build`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import TensorProto, numpy_helper
+
+from roam_cli.errors import RoamError
+
+MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
+MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
+
+LOSSES = {"none": None, "cross-entropy": "CrossEntropyLoss", "mse": "MSELoss",
+          "bce-with-logits": "BCEWithLogitsLoss", "l1": "L1Loss"}
+ARTIFACT_OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}  # onnxblock.optim blocks, their default settings
+
+# Optional outputs the ORT gradient builders read, named <output 0>.<suffix> when added.
+OPTIONAL_OUTPUTS = {"LayerNormalization": ["mean", "inv_std_dev"], "Dropout": ["mask"],
+                    "SoftmaxCrossEntropyLoss": ["log_prob"], "BatchNormalization": ["running_mean", "running_var"]}
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+# Operands that hold state a training step reads but does not differentiate (running statistics).
+STATE_OPERANDS = {("BatchNormalization", 3), ("BatchNormalization", 4)}
+
+
+def repair(model: onnx.ModelProto) -> Counter:
+    """Add the outputs and modes ORT's gradient builders need, in place; count the nodes repaired."""
+    fixed: Counter = Counter()
+    for n in model.graph.node:
+        if n.domain not in ("", "ai.onnx") or n.op_type not in OPTIONAL_OUTPUTS:
+            continue
+        extra = OPTIONAL_OUTPUTS[n.op_type]
+        changed = len(n.output) < 1 + len(extra)
+        while len(n.output) < 1 + len(extra):
+            n.output.append(f"{n.output[0]}.{extra[len(n.output) - 1]}")
+        if n.op_type == "BatchNormalization" and not any(a.name == "training_mode" and a.i for a in n.attribute):
+            kept = [a for a in n.attribute if a.name != "training_mode"]
+            del n.attribute[:]
+            n.attribute.extend(kept + [onnx.helper.make_attribute("training_mode", 1)])
+            changed = True
+        fixed[n.op_type] += changed
+    return +fixed
+
+
+def clamp_ir(model: onnx.ModelProto) -> onnx.ModelProto:
+    """ONNX Runtime 1.19 refuses IR versions above 10; the graphs need nothing newer."""
+    model.ir_version = min(model.ir_version, MAX_IR_VERSION)
+    for o in model.opset_import:
+        if o.domain in ("", "ai.onnx") and o.version > MAX_OPSET:
+            raise RoamError(f"opset {o.version} is newer than ONNX Runtime 1.19 supports ({MAX_OPSET}); "
+                            f"re-export with opset_version={MAX_OPSET} or lower")
+    return model
+
+
+@dataclass
+class Survey:
+    """The parameters as the graph has them (names are initializer names)."""
+
+    trainable: list[str]
+    frozen: list[str]  # moved to graph inputs, not trained: running statistics, --frozen, external data
+    elements: int  # trainable elements
+    folded: list[str] = field(default_factory=list)  # float constants with parameter-like values
+    shared: dict[str, int] = field(default_factory=dict)  # trainable read by N nodes in the same role
+
+    def warnings(self) -> list[str]:
+        out = []
+        if self.folded:
+            out.append(f"{len(self.folded)} floating-point constants look like parameters folded by the exporter "
+                       f"({', '.join(self.folded[:3])}{', ...' if len(self.folded) > 3 else ''}): they will not "
+                       "be trained; export with torch.onnx.export(..., optimize=False) or keep parameters as inputs")
+        if self.shared:
+            name, n = next(iter(self.shared.items()))
+            out.append(f"{len(self.shared)} parameters are each read by several nodes in the same role ({name}: {n}): "
+                       "tied weights, or equal initial values the exporter merged into one? if merged, perturb the "
+                       "weights before exporting or export with optimize=False")
+        return out
+
+
+def looks_like_parameter(name: str) -> bool:
+    """A framework parameter path (`encoder.layer.0.query.weight`), not an exporter-made constant
+    (`val_42`, `onnx::MatMul_7`, `/layer/Constant_output_0`)."""
+    return "." in name and not name.startswith(("onnx::", "/"))
+
+
+def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, frozen: list[str] = ()) -> Survey:
+    """Choose the trainable parameters: `requires_grad` if given (initializers or graph inputs),
+    else every floating-point initializer named like a framework parameter that is not running
+    state; minus `frozen`. Running state, `frozen` and external-data initializers that are not
+    trained are frozen: moved to graph inputs, so the training graph never points into weight data."""
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    dtypes = {i.name: i.type.tensor_type.elem_type for i in g.input}
+    dtypes.update({x: t.data_type for x, t in inits.items()})
+    roles: dict[str, Counter] = {name: Counter() for name in dtypes}
+    for n in g.node:
+        for k, x in enumerate(n.input):
+            if x in roles:
+                roles[x][(n.op_type, k)] += 1
+    state = {x for x, r in roles.items() if any(role in STATE_OPERANDS for role in r)}
+    not_found = [x for x in dict.fromkeys(list(requires_grad or []) + list(frozen)) if x not in dtypes]
+    if not_found:
+        raise RoamError(f"{len(not_found)} named parameters are not in the graph ({', '.join(not_found[:3])}"
+                        f"{', ...' if len(not_found) > 3 else ''}): the exporter folded, merged or renamed them; "
+                        "export with torch.onnx.export(..., optimize=False) and check the names")
+    if requires_grad is None:
+        trainable = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and looks_like_parameter(x)
+                     and x not in state and x not in frozen]
+        if not trainable:
+            raise RoamError("no initializer is named like a parameter (e.g. encoder.layer.0.weight): "
+                            "name the trainable ones with --requires-grad")
+    else:
+        trainable = [x for x in dict.fromkeys(requires_grad) if x not in frozen]
+        bad = [x for x in trainable if dtypes[x] not in FLOAT_TYPES]
+        if bad:
+            raise RoamError(f"parameter {bad[0]!r} is not floating-point and cannot be trained")
+    chosen = set(trainable)
+    frozen_all = [x for x, t in inits.items() if x not in chosen and
+                  (x in state or x in frozen or t.data_location == TensorProto.EXTERNAL)]
+    elements = sum(int(np.prod(inits[x].dims if x in inits else shape_of(g, x), dtype=np.int64)) for x in trainable)
+    folded = [x for x, t in inits.items() if x not in chosen and x not in frozen_all and t.data_type in FLOAT_TYPES
+              and len(t.dims) >= 2 and len(np.unique(numpy_helper.to_array(t))) > 2]
+    shared = {x: max(roles[x].values()) for x in trainable if roles[x] and max(roles[x].values()) > 1}
+    return Survey(trainable, frozen_all, elements, folded, shared)
+
+
+def shape_of(g: onnx.GraphProto, name: str) -> list[int]:
+    for i in g.input:
+        if i.name == name:
+            dims = i.type.tensor_type.shape.dim
+            if all(d.HasField("dim_value") for d in dims):
+                return [d.dim_value for d in dims]
+            raise RoamError(f"parameter {name!r} has a symbolic shape; parameters must have static shapes")
+    raise AssertionError(name)
+
+
+@dataclass
+class Artifacts:
+    training: onnx.ModelProto
+    eval: onnx.ModelProto
+    optimizer: onnx.ModelProto | None
+    parameters: tuple  # (trainable, frozen) TensorProtos as onnxblock returns them, for a checkpoint
+
+
+def training_api():
+    """onnxruntime.training.onnxblock, or a one-line error saying what to install."""
+    try:
+        from onnxruntime.training import onnxblock
+    except ImportError as e:
+        missing = getattr(e, "name", None) or "onnxruntime.training"
+        raise RoamError(f"building a training graph needs {missing} (onnxruntime.training imports torch): "
+                        "pip install 'roam[train]', with torch from https://download.pytorch.org/whl/cpu") from None
+    return onnxblock
+
+
+@contextlib.contextmanager
+def quiet_gradient_builder():
+    """onnxblock builds its own SessionOptions, which log every graph transformer at INFO level."""
+    import onnxruntime
+    from onnxruntime.training.onnxblock import _training_graph_utils as builder
+
+    def options():
+        so = onnxruntime.SessionOptions()
+        so.log_severity_level = 3
+        return so
+
+    builder.SessionOptions = options
+    try:
+        yield
+    finally:
+        builder.SessionOptions = onnxruntime.SessionOptions
+
+
+@contextlib.contextmanager
+def external_data_stand_ins(model: onnx.ModelProto):
+    """A scratch working folder holding a sparse, unwritten file for every external-data location."""
+    ends: dict[str, int] = {}
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            kv = {e.key: e.value for e in t.external_data}
+            end = int(kv.get("offset", 0)) + int(kv.get("length", 0))
+            ends[kv["location"]] = max(ends.get(kv["location"], 0), end)
+    old = os.getcwd()
+    with tempfile.TemporaryDirectory(prefix="roam-train-") as scratch:
+        for location, end in ends.items():
+            path = Path(scratch, location)
+            if not path.resolve().is_relative_to(Path(scratch).resolve()):
+                raise RoamError(f"external data location {location!r} points outside the model's folder")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            with open(path, "wb") as f:
+                f.truncate(end)
+        os.chdir(scratch)
+        try:
+            yield Path(scratch)
+        finally:
+            os.chdir(old)
+
+
+def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None) -> Artifacts:
+    """Training, eval and optimizer graphs for `model` (repaired) as ONNX Runtime artifacts build them."""
+    onnxblock = training_api()
+    if loss not in LOSSES:
+        raise RoamError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    loss_block = onnxblock.blocks.PassThrough() if LOSSES[loss] is None else getattr(onnxblock.loss, LOSSES[loss])()
+
+    class Training(onnxblock.TrainingBlock):
+        def build(self, *outputs):
+            return loss_block(*outputs)  # the gradient starts from the first of what this returns
+
+    block = Training()
+    for name in chosen.trainable:
+        block.requires_grad(name)
+    for name in chosen.frozen:
+        block.requires_grad(name, False)
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    try:
+        with external_data_stand_ins(model), quiet_gradient_builder(), onnxblock.base(model):
+            outputs = [o.name for o in model.graph.output]
+            block(*(outputs if LOSSES[loss] is None else outputs[:1]))  # a loss block reads the first output
+            training, eval_model = block.to_model_proto()
+        optim = None
+        if optimizer is not None:
+            with onnxblock.empty_base(opset_version=opset):
+                optimizer_block = getattr(onnxblock.optim, ARTIFACT_OPTIMIZERS[optimizer])()
+                optimizer_block(block.parameters())
+                optim = optimizer_block.to_model_proto()
+    except (RuntimeError, onnx.checker.ValidationError) as e:  # ORT and onnx report failures this way
+        raise RoamError(f"ONNX Runtime could not build the training graph: {first_line(e)}") from None
+    return Artifacts(clamp_ir(training), clamp_ir(eval_model), optim and clamp_ir(optim), block.parameters())
+
+
+def first_line(e: Exception) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
+
+
+@dataclass
+class Made:
+    """What `make` did, for the CLI to print."""
+
+    survey: Survey | None  # None when the input already was a training graph
+    repaired: Counter
+    written: list[tuple[Path, str, int]]  # (path, what, nodes)
+
+
+def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
+         frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
+         optimizer_path: Path | None = None, checkpoint_path: Path | None = None) -> Made:
+    """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step.
+
+    An input that already is an artifacts training graph can only become a full step; that path
+    needs neither torch nor onnxruntime.training."""
+    from roam_cli.fileio import check_output_path, write_atomic
+    from roam_cli.onnx_import import external_data_files, load_model
+    from roam_cli.optimizer_graph import full_step, gradient_accumulators
+
+    outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
+    for i, path in enumerate(outputs):
+        check_output_path(path, [infer_path] + outputs[:i])
+    model, _ = load_model(infer_path)
+    written: list[tuple[Path, str, int]] = []
+
+    def write(path: Path, what: str, proto: onnx.ModelProto) -> None:
+        write_atomic(path, proto.SerializeToString())
+        written.append((path, what, len(proto.graph.node)))
+
+    if gradient_accumulators(model.graph):
+        if not in_graph:
+            raise RoamError(f"{infer_path} already is a training graph; add --in-graph-optimizer to turn it into "
+                            "one graph for the whole training step")
+        if loss is not None or requires_grad is not None or frozen or checkpoint_path:
+            raise RoamError("--loss, --requires-grad, --frozen and --checkpoint apply to inference exports; a "
+                            "training graph has its loss, and its parameters are those with gradient accumulators")
+        write(out_path, "full step", full_step(model, optimizer))
+        return Made(None, Counter(), written)
+    if loss is None:
+        raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
+    absent = sorted(f for f in external_data_files(model) if not (infer_path.parent / f).is_file())
+    if checkpoint_path and absent:  # refused before any work: the checkpoint is the one output needing weights
+        raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
+    repaired = repair(model)
+    clamp_ir(model)
+    chosen = survey(model, requires_grad, frozen)
+    built = build(model, chosen, loss, None if in_graph else optimizer)
+    step = full_step(built.training, optimizer) if in_graph else None
+    if checkpoint_path:  # first: reading the weights may still fail
+        write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
+        written.append((checkpoint_path, "checkpoint", 0))
+    if in_graph:
+        write(out_path, "full step", step)
+    else:
+        write(out_path, "training graph", built.training)
+        write(optimizer_path, "optimizer graph", built.optimizer)
+    return Made(chosen, repaired, written)
+
+
+def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:
+    """The ORT training checkpoint: the one step that reads the weights."""
+    from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
+
+    from roam_cli.fileio import write_atomic
+
+    for t in [*parameters[0], *parameters[1]]:
+        if uses_external_data(t):
+            try:
+                load_external_data_for_tensor(t, str(base_dir))
+            except (OSError, ValueError, onnx.checker.ValidationError) as e:
+                raise RoamError(f"--checkpoint needs the weights of {t.name!r}: {first_line(e)}") from None
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+    onnxblock = training_api()
+    with tempfile.TemporaryDirectory(dir=path.resolve().parent, prefix=".roam-checkpoint-") as scratch:
+        onnxblock.save_checkpoint(parameters, Path(scratch, "checkpoint"))
+        write_atomic(path, Path(scratch, "checkpoint").read_bytes())
