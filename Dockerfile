@@ -1,10 +1,19 @@
-# roam with ONNX Runtime training (CPU). Models are read from the mounted working directory:
-#   docker build -t roam . && docker run --rm -v "$PWD:/work" roam optimize model.onnx -o plan.json
-# GPU variant: build FROM an nvidia/cuda runtime image and install `onnxruntime-training`
-# (the CUDA build) instead of `onnxruntime-training-cpu`.
-FROM python:3.11-slim
+# roam with ONNX Runtime training, entrypoint `roam`; models are read from the mounted working
+# directory:
+#   docker build -t roam .
+#   docker run --rm -v "$PWD:/work" roam optimize model.onnx -o plan.json --plot .
+#
+# GPU variant: a base image with CUDA, cuDNN and Python 3.10+ (with pip), and ONNX Runtime
+# training's CUDA build instead of the CPU one (see docs/cli.md, "Docker"):
+#   docker build -t roam-gpu --build-arg BASE=<cuda image with python> --build-arg ORT_PACKAGE=onnxruntime-training .
+#   docker run --rm --gpus all -v "$PWD:/work" roam-gpu optimize model.onnx -o plan.json
+#
+# The install steps live in scripts/docker_steps.sh, which CI also runs in a clean virtualenv.
+ARG BASE=python:3.11-slim
+FROM ${BASE}
+ARG ORT_PACKAGE=onnxruntime-training-cpu
 COPY . /opt/roam
-RUN python -m pip install --no-cache-dir /opt/roam
+RUN ORT_PACKAGE=${ORT_PACKAGE} sh /opt/roam/scripts/docker_steps.sh /opt/roam
 WORKDIR /work
 ENTRYPOINT ["roam"]
 CMD ["--help"]

@@ -1,5 +1,6 @@
 """The `roam` command line: parses, calls, prints. Exit codes: 0 ok, 1 check failed, 2 bad input."""
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -9,10 +10,11 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, annotate, layout, order, pipeline, plan as plan_io, report as report_mod
+from roam_cli import __version__, annotate, budget as budget_mod, layout, order, pipeline, plan as plan_io, \
+    report as report_mod, training_graph
 from roam_cli.errors import CheckFailed, RoamError
-from roam_cli.fileio import check_output_path
-from roam_cli.units import format_bytes
+from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
+from roam_cli.units import format_bytes, parse_bytes
 
 out = Console()
 err = Console(stderr=True)
@@ -54,6 +56,29 @@ class Progress:
             self.status.stop()
 
 
+class ByteSize(click.ParamType):
+    """A byte quantity as people write it: 16GiB, 512MB, 4096."""
+
+    name = "BYTES"
+
+    def convert(self, value, param, ctx):
+        if isinstance(value, int):
+            return value
+        try:
+            return parse_bytes(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+
+
+BUDGET_HELP = "Memory the device has for this step, e.g. 16GiB: says whether the plan fits (exit 1 if not)."
+
+
+def fail_over_budget(verdict: dict | None) -> None:
+    """A plan over its budget fails the check: the message on stderr, exit 1."""
+    if verdict is not None and not verdict["fits"]:
+        raise CheckFailed(report_mod.budget_line(verdict))
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, "--version", prog_name="roam")
 @click.option("-q", "--quiet", is_flag=True, help="Print only results and errors.")
@@ -78,7 +103,10 @@ def cli(ctx, quiet, verbose):
               help="Also write the model with nodes in planned order and plan facts in metadata_props.")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Bind a symbolic dimension (repeatable).")
 @click.option("--alignment", default=256, show_default=True, type=int, help="Round every tensor up to this many bytes.")
-@click.option("--order", "order_strategy", default="original", show_default=True, type=click.Choice(order.STRATEGIES))
+@click.option("--order", "order_strategy", default=order.STRATEGIES[0], show_default=True,
+              type=click.Choice(order.STRATEGIES), help="Ordering strategy; roam never does worse than the others.")
+@click.option("--solver", type=click.Choice(order.ilp.SOLVERS), default="cbc", show_default=True,
+              help="MILP solver for the ordering ILP (highs needs the highspy package).")
 @click.option("--layout", "layout_strategy", default=None, type=click.Choice(layout.STRATEGIES),
               help=f"Layout strategy [default: {layout.STRATEGIES[0]}].")
 @click.option("--shapes-from-run", is_flag=True, help="Run the graph once in ONNX Runtime to learn shapes static inference cannot.")
@@ -87,24 +115,44 @@ def cli(ctx, quiet, verbose):
 @click.option("--loss", default=None, help="Name of the loss tensor (default: the first scalar float output).")
 @click.option("--time-limit", type=float, default=None, help="Seconds the solvers may use in all.")
 @click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
+@click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Also draw the plan's pictures (PNG and SVG) into this directory (needs roam[plot]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's summary as JSON.")
+@click.option("--reproducible", is_flag=True,
+              help="Leave wall-clock times out of the plan: the same model and options give the same bytes.")
 @click.pass_obj
-def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, layout_strategy,
-             shapes_from_run, inplace, loss, time_limit, jobs, as_json):
+def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
+             shapes_from_run, inplace, loss, time_limit, jobs, budget, plot_dir, as_json, reproducible):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
     Examples:
       roam optimize training_model.onnx -o plan.json
       roam optimize model.onnx -o plan.json --dim batch=8 --annotated-model planned.onnx
+      roam optimize model.onnx -o plan.json --budget 16GiB --plot pictures/
     """
     check_output_path(plan_path, [model])
+    if time_limit is not None and not time_limit > 0:
+        raise RoamError(f"--time-limit must be a positive number of seconds, got {time_limit}")
+    if jobs < 1:
+        raise RoamError(f"--jobs must be at least 1, got {jobs}")
+    order.ilp.check_solver(solver)
+    if plot_dir is not None:
+        from roam_cli import plot
+
+        if not plot_dir.is_dir():
+            raise RoamError(f"--plot {plot_dir}: no such directory")
+        plot.figure_class()  # matplotlib is there, before any work is done
+        for picture in plot.picture_paths(plot_dir):
+            check_output_path(picture, [model, plan_path])
     if annotated_model is not None:
         check_output_path(annotated_model, [model, plan_path])
     options = pipeline.Options(
         dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,
-        inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs)
+        inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
+        solver=solver, reproducible=reproducible)
     with Progress(obj["quiet"]) as progress:
         result = pipeline.run(model, plan_path, options, progress)
     plan = result.plan
@@ -112,16 +160,25 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         annotated_model = plan_path.with_name(plan_path.stem + ".annotated.onnx")
         check_output_path(annotated_model, [model, plan_path])
         result.notes.append(f"the plan refers to {annotated_model}, which carries the generated node names")
+    outputs = {}
     if annotated_model is not None:
         proto = annotate.annotate(result.imported.model, result.imported.graph, plan, model, annotated_model)
-        data = proto.SerializeToString()
-        annotate.write(proto, annotated_model)
+        data = outputs[annotated_model] = proto.SerializeToString()
         if result.imported.renamed:
             plan["model"]["path"] = Path(os.path.relpath(annotated_model.resolve(), plan_path.resolve().parent)).as_posix()
             plan["model"]["sha256"] = hashlib.sha256(data).hexdigest()
-    plan_io.write(plan, plan_path)
+    outputs[plan_path] = plan_io.dumps(plan)
+    write_all_atomic(outputs)  # both or neither: a Ctrl-C never leaves one without the other
+    pictures = []
+    if plot_dir is not None:
+        with Progress(obj["quiet"]) as progress:
+            progress("drawing the pictures")
+            pictures = plot.all_pictures(plan, plot.original_curve(result.mm), plot_dir, budget=budget)
+    verdict = budget_mod.check(plan, budget) if budget is not None else None
     if as_json:
-        click.echo(json.dumps(report_mod.summarize(plan), indent=1))
+        click.echo(json.dumps({**report_mod.summarize(plan, budget=verdict),
+                               "pictures": [str(p) for p in pictures]}, indent=1))
+        fail_over_budget(verdict)
         return
     if obj["verbose"]:
         for note in result.notes:
@@ -135,14 +192,20 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         out.print(f"wrote {plan_path}: {len(plan['order'])} nodes, arena {format_bytes(plan['arena_bytes'])} "
                   f"(peak live {format_bytes(plan['peak_live_bytes'])}, fragmentation {frag:.2%}), "
                   f"persistent {format_bytes(plan['persistent_bytes'])}")
+        for picture in pictures:
+            out.print(f"wrote {picture}", highlight=False)
+        if verdict is not None and verdict["fits"]:
+            out.print(report_mod.budget_line(verdict), highlight=False)
+    fail_over_budget(verdict)
 
 
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("--shapes-from-run", is_flag=True, help="Learn shapes by running the graph (as optimize did).")
+@click.option("--json", "as_json", is_flag=True, help="Print what was checked as JSON.")
 @click.pass_obj
-def verify(obj, model, plan_path, shapes_from_run):
+def verify(obj, model, plan_path, shapes_from_run, as_json):
     """Check PLAN against MODEL independently of the planners.
 
     Order is a topological permutation of all nodes, every transient tensor is placed for
@@ -161,27 +224,326 @@ def verify(obj, model, plan_path, shapes_from_run):
         summary = check(imported.graph, imported.sha256, plan)
     except Violation as v:
         raise CheckFailed(f"plan invalid: {v}") from None
-    if not obj["quiet"]:
+    if as_json:
+        click.echo(json.dumps({"ok": True, "nodes": summary.nodes, "placed": summary.placed,
+                               "arena_bytes": summary.arena, "peak_live_bytes": summary.peak_live}, indent=1))
+    elif not obj["quiet"]:
         out.print(f"plan OK: {summary.nodes} nodes in topological order, {summary.placed} tensors placed, "
                   f"no overlaps, arena {format_bytes(summary.arena)} (peak live {format_bytes(summary.peak_live)})")
 
 
 @cli.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
+              show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
 @click.option("--top", default=10, show_default=True, help="How many of the tensors live at the peak to list.")
-def report(plan_path, fmt, top):
-    """Show what PLAN costs: persistent, peak, arena, fragmentation, tensors at the peak.
+@click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
+def report(plan_path, fmt, as_json, top, budget):
+    """Show what PLAN costs: every strategy measured in its run side by side, persistent,
+    peak, arena, fragmentation, bytes by tensor class, the tensors live at the peak.
 
     \b
-    Example:
+    Examples:
       roam report plan.json
+      roam report plan.json --format markdown > plan.md
+      roam report plan.json --budget 16GiB --json
     """
-    summary = report_mod.summarize(plan_io.read(plan_path), top)
-    if fmt == "json":
+    plan = plan_io.read(plan_path)
+    verdict = budget_mod.check(plan, budget) if budget is not None else None
+    summary = report_mod.summarize(plan, top, verdict)
+    if as_json or fmt == "json":
         click.echo(json.dumps(summary, indent=1))
+    elif fmt == "markdown":
+        click.echo(report_mod.render_markdown(summary), nl=False)
     else:
         report_mod.render_table(summary, out)
+    fail_over_budget(verdict)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path), help="Plan JSON made for MODEL.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path),
+              help="Feeds: an .npz with one array per graph input; inputs it lacks are synthesised.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the synthetic inputs and of random ops (Dropout) that have none.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
+    """Run MODEL on ONNX Runtime as the plan says, and check that the plan can be followed.
+
+    One training step of the annotated model with execution_order PRIORITY_BASED (the order
+    ORT ran the nodes in, from its profiler, against the plan's), and the arena replay: every
+    node in plan order in one buffer of arena_bytes, each tensor bound at its planned offset.
+    Both are compared with a plain ORT run of MODEL. Also reports ORT's own arena bytes for
+    the original and the planned order. Exit 1 when under 99.9% of node pairs ran in plan
+    order or a result differs by more than 1e-5 relative.
+
+    \b
+    Examples:
+      roam execute training_model.onnx --plan plan.json
+      roam execute training_model.onnx --plan plan.json --provider cuda --inputs batch.npz --json
+    """
+    from roam_cli.execute import execute_plan, render
+
+    plan = plan_io.read(plan_path)
+    with Progress(obj["quiet"]) as progress:
+        result = execute_plan(model, plan, provider, inputs_path, seed, progress)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif not obj["quiet"]:
+        render(result, out)
+    if result["failures"]:
+        more = f" (and {len(result['failures']) - 1} more)" if len(result["failures"]) > 1 else ""
+        raise CheckFailed(result["failures"][0] + more)
+
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
+              help="Directory to write the pictures into (it must exist).")
+@click.option("--model", "model_path", type=click.Path(path_type=Path),
+              help="The plan's model, for the original order's curve [default: the plan's model.path].")
+@click.option("--format", "formats", default="png,svg", show_default=True, metavar="png,svg",
+              help="Picture formats, comma-separated.")
+@click.option("--budget", type=ByteSize(), default=None, help="Draw this budget as a line.")
+@click.option("--inplace", "inplace", multiple=True, metavar="OUTPUT=STATE",
+              help="The --inplace pairs the plan was made with (repeatable).")
+@click.option("--shapes-from-run", is_flag=True, help="Learn shapes by running the graph (as optimize did).")
+@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
+@click.pass_obj
+def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_from_run, as_json):
+    """Draw PLAN: live memory over the steps (the original order vs the plan's, persistent
+    bytes as a band) and the arena's address space (each tensor a rectangle, steps × addresses,
+    coloured by class). Writes live_memory.{png,svg} and layout.{png,svg}.
+
+    The original order's curve is recomputed from the plan's model; without the model the
+    picture shows the plan's curve only.
+
+    \b
+    Examples:
+      roam plot plan.json -o pictures/
+      roam plot plan.json -o pictures/ --model training_model.onnx --format png --budget 16GiB
+    """
+    from roam_cli import plot as plot_mod
+
+    fmts = tuple(f.strip().lower() for f in formats.split(",") if f.strip())
+    unknown = [f for f in fmts if f not in plot_mod.FORMATS]
+    if unknown or not fmts:
+        raise RoamError(f"--format: {', '.join(unknown) or formats!r} is not one of {', '.join(plot_mod.FORMATS)}")
+    if not out_dir.is_dir():
+        raise RoamError(f"-o {out_dir}: no such directory")
+    plot_mod.figure_class()  # matplotlib is there, before any work is done
+    plan = plan_io.read(plan_path)
+    if model_path is None:
+        model_path = plan_path.resolve().parent / plan["model"]["path"]
+        if not model_path.exists():
+            model_path = None
+            if not obj["quiet"]:
+                err.print(f"note: the plan's model {plan['model']['path']} is absent: drawing the plan's curve only "
+                          "(--model MODEL adds the original order's)", highlight=False)
+    for picture in plot_mod.picture_paths(out_dir, fmts):
+        check_output_path(picture, [plan_path] + ([model_path] if model_path else []))
+    with Progress(obj["quiet"]) as progress:
+        curve = None
+        if model_path is not None:
+            progress("recomputing the original order's live memory")
+            curve = plot_mod.original_curve_from_model(plan, model_path, parse_pairs(inplace, "--inplace", False),
+                                                       shapes_from_run)
+        progress("drawing")
+        written = plot_mod.all_pictures(plan, curve, out_dir, fmts, budget)
+    if as_json:
+        click.echo(json.dumps({"written": [str(p) for p in written]}, indent=1))
+    elif not obj["quiet"]:
+        for path in written:
+            out.print(f"wrote {path}", highlight=False)
+
+
+@cli.command()
+@click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
+@click.option("--perfetto", "trace_path", type=click.Path(path_type=Path),
+              help="Write a Chrome/Perfetto trace JSON (open in ui.perfetto.dev or chrome://tracing).")
+@click.option("--memory-snapshot", "snapshot_path", type=click.Path(path_type=Path),
+              help="Write a PyTorch memory snapshot pickle (open in pytorch.org/memory_viz).")
+@click.option("--json", "as_json", is_flag=True, help="Print the files written as JSON.")
+@click.pass_obj
+def export(obj, plan_path, trace_path, snapshot_path, as_json):
+    """Write PLAN in formats other tools open: operators on a step timeline with the arena's
+    occupancy as a counter (Perfetto), and allocation/free events with sizes and addresses
+    (PyTorch memory_viz). One step is 1 µs on both timelines.
+
+    \b
+    Examples:
+      roam export plan.json --perfetto trace.json
+      roam export plan.json --memory-snapshot snapshot.pickle --perfetto trace.json
+    """
+    from roam_cli import export as export_mod
+
+    outputs = [(p, f) for p, f in ((trace_path, "perfetto"), (snapshot_path, "snapshot")) if p is not None]
+    if not outputs:
+        raise RoamError("nothing to export: give --perfetto FILE and/or --memory-snapshot FILE")
+    if trace_path is not None and snapshot_path is not None:
+        check_output_path(snapshot_path, [trace_path])
+    for path, _ in outputs:
+        check_output_path(path, [plan_path])
+    plan = plan_io.read(plan_path)
+    for path, kind in outputs:
+        if kind == "perfetto":
+            write_atomic(path, json.dumps(export_mod.perfetto_trace(plan)))
+        else:
+            write_atomic(path, export_mod.memory_snapshot_bytes(plan))
+    if as_json:
+        click.echo(json.dumps({"written": [str(p) for p, _ in outputs]}, indent=1))
+    elif not obj["quiet"]:
+        for path, kind in outputs:
+            out.print(f"wrote {path} ({'Perfetto trace' if kind == 'perfetto' else 'PyTorch memory snapshot'})",
+                      highlight=False)
+
+
+@cli.command("max-batch")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--dim-name", "dim", default="batch", show_default=True, help="The symbolic dimension to search.")
+@click.option("--budget", type=ByteSize(), required=True, help="Memory the device has for this step, e.g. 80GiB.")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Bind another symbolic dimension (repeatable).")
+@click.option("--order", "order_strategy", default=order.STRATEGIES[0], show_default=True,
+              type=click.Choice(order.STRATEGIES),
+              help="Order strategy to size; the original order is always measured beside it (and seeds the search).")
+@click.option("--layout", "layout_strategy", default=None, type=click.Choice(layout.STRATEGIES),
+              help=f"Layout strategy [default: {layout.STRATEGIES[0]}].")
+@click.option("--alignment", default=256, show_default=True, type=int, help="Round every tensor up to this many bytes.")
+@click.option("--inplace", "inplace", multiple=True, metavar="OUTPUT=STATE",
+              help="Declare that graph output OUTPUT replaces input STATE in place (repeatable).")
+@click.option("--loss", default=None, help="Name of the loss tensor (default: the first scalar float output).")
+@click.option("--time-limit", type=float, default=None, help="Seconds the solvers may use for each plan.")
+@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.pass_obj
+def max_batch(obj, model, dim, budget, dims, order_strategy, layout_strategy, alignment, inplace, loss, time_limit,
+              jobs, as_json):
+    """Find the largest value of a symbolic dimension of MODEL (a batch size) whose plan fits
+    BUDGET, with the chosen order strategy and with the original order.
+
+    Re-plans the model at each probed value, galloping then bisecting, so the answer n fits
+    while n + 1 does not. Exit 1 when not even 1 fits.
+
+    \b
+    Examples:
+      roam max-batch model.onnx --dim-name batch --budget 80GiB
+      roam max-batch model.onnx --dim-name batch --dim seq=1024 --budget 24GiB --order original --json
+    """
+    base = pipeline.Options(
+        dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
+        layout=layout_strategy or layout.STRATEGIES[0], inplace=parse_pairs(inplace, "--inplace", False),
+        loss=loss, time_limit=time_limit, jobs=jobs)
+    strategies = list(dict.fromkeys(["original", order_strategy]))
+    results = []
+    with rich_progress(obj["quiet"]) as bar:
+        for strategy in strategies:
+            task = bar.add_task(f"order {strategy}", total=None)
+
+            def probed(n, nbytes, task=task, strategy=strategy):
+                verdict = "fits" if nbytes <= budget else "does not fit"
+                bar.update(task, advance=1, description=f"order {strategy}: {dim}={n:,} {verdict} "
+                                                        f"({format_bytes(nbytes)})")
+
+            # the original order's answer is where the (slower) chosen strategy starts its search
+            start = results[0].max_value if results and results[0].max_value else 1
+            results.append(budget_mod.max_value(model, dim, budget, dataclasses.replace(base, order=strategy),
+                                                start, probed))
+            bar.update(task, total=len(results[-1].probes))
+    if as_json:
+        click.echo(json.dumps({"dim": dim, "budget_bytes": budget, "dims": base.dims,
+                               "results": [{**dataclasses.asdict(r), "probes": sorted(r.probes.items())}
+                                           for r in results]}, indent=1))
+    else:
+        render_max_batch(results, dim, budget, model, base.dims)
+    if not any(r.max_value for r in results):
+        raise CheckFailed(f"no plan fits {format_bytes(budget)}, not even at {dim}=1")
+
+
+def rich_progress(quiet: bool):
+    """A progress bar on stderr for multi-step searches (silent with -q or when not a terminal)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, TextColumn, \
+        TimeElapsedColumn
+
+    return RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                        TimeElapsedColumn(), console=err, transient=True, disable=quiet or not err.is_terminal)
+
+
+def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: dict[str, int]) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"largest {dim} that fits {format_bytes(budget)} ({model})", title_justify="left")
+    for col in ("order", "layout", dim, "needs", f"{dim} + 1 needs", "plans made"):
+        table.add_column(col, justify="left" if col in ("order", "layout") else "right")
+    for r in results:
+        needs = format_bytes(r.at_max["needed_bytes"]) if r.at_max else "–"
+        table.add_row(r.order, r.layout, f"{r.max_value:,}", needs, format_bytes(r.next_needed_bytes),
+                      str(len(r.probes)))
+    out.print(table)
+    best = max(reversed(results), key=lambda r: r.max_value)  # on a tie, the chosen strategy
+    if best.max_value:
+        bound = " ".join(f"--dim {k}={v}" for k, v in {**dims, dim: best.max_value}.items())
+        out.print(f"plan it: roam optimize {model} -o plan.json {bound} --order {best.order} --layout {best.layout}",
+                  highlight=False)
+
+
+def split_names(values: tuple[str, ...]) -> list[str]:
+    return [name for v in values for name in v.split(",") if name]
+
+
+@cli.command("make-training-graph")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
+              help="Training graph to write (with --in-graph-optimizer: the whole step).")
+@click.option("--loss", type=click.Choice(list(training_graph.LOSSES)),
+              help="Loss added on the first output (none: the first output already is the loss).")
+@click.option("--requires-grad", "requires_grad", multiple=True, metavar="NAMES",
+              help="Trainable parameters, comma-separated (default: initializers named like parameters).")
+@click.option("--frozen", multiple=True, metavar="NAMES", help="Parameters not to train, comma-separated.")
+@click.option("--optimizer", type=click.Choice(list(training_graph.ARTIFACT_OPTIMIZERS)), default="adamw",
+              show_default=True)
+@click.option("--in-graph-optimizer", "in_graph", is_flag=True,
+              help="One graph for the whole step: each parameter's update right after its backward.")
+@click.option("--optimizer-model", "optimizer_path", type=click.Path(path_type=Path),
+              help="Optimizer graph to write [default: OUTPUT with .optimizer.onnx].")
+@click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
+              help="Also write the ONNX Runtime checkpoint (the only output that reads the weights).")
+@click.pass_obj
+def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optimizer, in_graph, optimizer_path,
+                        checkpoint_path):
+    """Turn an inference ONNX export into a training graph: forward, loss, backward.
+
+    Repairs what exporters leave out, reports which parameters survived the export, and builds
+    the graph with ONNX Runtime's training artifacts without reading a weight. Needs torch (the
+    `train` extra), except to turn an existing artifacts training graph into a full step.
+
+    \b
+    Examples:
+      roam make-training-graph model.onnx -o train.onnx --loss cross-entropy
+      roam make-training-graph model.onnx -o step.onnx --loss none --in-graph-optimizer
+      roam make-training-graph training_model.onnx -o step.onnx --in-graph-optimizer --optimizer sgd
+    """
+    if optimizer_path is None:
+        optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
+    made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
+                               frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
+                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path)
+    if made.survey is not None and not obj["quiet"]:
+        s = made.survey
+        out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",
+                  highlight=False)
+        if made.repaired:
+            out.print("repaired: " + ", ".join(f"{op} ×{n}" for op, n in sorted(made.repaired.items())), highlight=False)
+    if made.survey is not None:
+        for warning in made.survey.warnings():
+            click.echo(f"warning: {warning}", err=True)
+    if not obj["quiet"]:
+        for path, what, nodes in made.written:
+            out.print(f"wrote {path}: {what}" + (f", {nodes:,} nodes" if nodes else ""), highlight=False)
 
 
 def main() -> None:

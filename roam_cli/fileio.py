@@ -7,6 +7,15 @@ from pathlib import Path
 from roam_cli.errors import RoamError
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+NEW_FILE_MODE = 0o666 & ~_umask()  # what open() gives a new file
+
+
 def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike]) -> Path:
     """Refuse, before any work is done, an output that is an input or cannot be written."""
     out = Path(out)
@@ -28,19 +37,34 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """Write to a temporary file beside `path`, then rename it over `path`.
 
     A crash, an error or Ctrl-C leaves either the old file or the new one, never a mix."""
-    path = Path(path)
-    if isinstance(data, str):
-        data = data.encode()
+    write_all_atomic({path: data})
+
+
+def write_all_atomic(files: dict[str | os.PathLike, bytes | str]) -> None:
+    """Write several files as one: each goes to a temporary file beside it, and only when all are
+    written are they renamed over their paths. An error or Ctrl-C before that leaves every path as
+    it was, so a plan is never left without the annotated model it names (or the reverse)."""
+    temps: list[tuple[str, Path]] = []
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
-    except OSError as e:
-        raise RoamError(f"cannot write {path}: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise RoamError(f"cannot write {path}: {e.strerror}") from None
+        for path, data in files.items():
+            path = Path(path)
+            try:
+                fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
+            except OSError as e:
+                raise RoamError(f"cannot write {path}: {e.strerror}") from None
+            temps.append((tmp, path))
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(data.encode() if isinstance(data, str) else data)
+                os.chmod(tmp, NEW_FILE_MODE)  # mkstemp makes 0600; a plan is as readable as any file
+            except OSError as e:
+                raise RoamError(f"cannot write {path}: {e.strerror}") from None
+        for tmp, path in temps:
+            try:
+                os.replace(tmp, path)
+            except OSError as e:
+                raise RoamError(f"cannot write {path}: {e.strerror}") from None
     finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+        for tmp, _ in temps:
+            if os.path.exists(tmp):
+                os.unlink(tmp)

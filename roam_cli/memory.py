@@ -113,6 +113,9 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     nodes = graph.nodes
     notes: list[str] = []
     tensor_bytes = {name: aligned(v.nbytes, alignment) for name, v in graph.values.items()}
+    if sum(tensor_bytes.values()) >= 2**63:  # bounds every byte count a plan can hold
+        raise RoamError(f"the model's tensors total {sum(tensor_bytes.values())} bytes, more than a "
+                        "64-bit size can hold")
 
     # --- storage sharing: views, in-place ops, declared update pairs -------------------------
     storage_of: dict[str, str] = {}
@@ -210,8 +213,11 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     for writer, targets in sorted(writes_into.items()):
         new_names = names_derived(nodes[writer].outputs, aliases_of)
         for target in targets:
-            for reader in sorted(readers.get(root(target), ())):
-                if reader != writer and not new_names.intersection(nodes[reader].inputs):
+            group = root(target)
+            for reader in sorted(readers.get(group, ())):
+                # a reader of the old value (under any name) runs first; one that reads the old
+                # and the new value closes a cycle, which check_acyclic reports
+                if reader != writer and any(x not in new_names and root(x) == group for x in nodes[reader].inputs):
                     extra_deps.append((reader, writer))
     preds = [set() for _ in nodes]
     for i, n in enumerate(nodes):

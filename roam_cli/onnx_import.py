@@ -139,11 +139,6 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
     if missing:
         notes.append(f"external data file {missing[0]} is absent: planning reads no weights, so that is fine")
 
-    for vi in list(g.input) + list(g.output):
-        kind = vi.type.WhichOneof("value")
-        if kind not in ("tensor_type", None):
-            raise RoamError(f"graph input/output {vi.name!r} has unsupported type {kind!r}: only tensors can be planned")
-
     init_names = [t.name for t in g.initializer]
     init_set = set(init_names)
     inputs = [i.name for i in g.input if i.name not in init_set]
@@ -157,6 +152,10 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
         )
         for n in g.node
     ]
+    used = [s for n in nodes for s in (n.name, n.op_type, n.domain, *n.inputs, *n.outputs)] + inputs + init_names
+    bad = next((s for s in used + [o.name for o in g.output] if not isinstance(s, str)), None)
+    if bad is not None:  # protobuf hands back a string field that is not valid UTF-8 as bytes
+        raise RoamError(f"{path}: not a valid ONNX model (name {bad[:40]!r} is not UTF-8 text)")
     order = topological_order(nodes, set(inputs) | init_set)
     if order != list(range(len(nodes))):
         notes.append("the file's node order is not topological; 'original' order is a stable topological sort of it")
@@ -164,8 +163,9 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
         reordered = [g.node[i] for i in order]
         del g.node[:]
         g.node.extend(reordered)
+    produced = {x for n in nodes for x in n.outputs}
     for out in g.output:
-        if not any(out.name in n.outputs for n in nodes) and out.name not in init_set and out.name not in inputs:
+        if out.name not in produced and out.name not in init_set and out.name not in inputs:
             raise RoamError(f"graph output {out.name!r} is not produced by any node")
 
     types = shapes.infer(model, dims or {}, path if shapes_from_run else None)
@@ -184,6 +184,8 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
             element_size(dtype)
         except ValueError as e:
             raise RoamError(f"tensor {name!r}: {e}") from None
+        except KeyError:
+            raise RoamError(f"tensor {name!r} has element type {dtype}, which ONNX does not define") from None
         values[name] = Value(name, dtype, tuple(shape))
     if unknown:
         shown = ", ".join(unknown[:10]) + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else "")

@@ -12,13 +12,15 @@ from roam_cli.onnx_import import Imported, import_model
 class Options:
     dims: dict[str, int] = field(default_factory=dict)
     alignment: int = 256
-    order: str = "original"
+    order: str = "roam"
     layout: str = "first-fit"
     shapes_from_run: bool = False
     inplace: dict[str, str] = field(default_factory=dict)  # graph output -> state it replaces
     loss: str | None = None
     time_limit: float | None = None
     jobs: int = 1
+    solver: str = "cbc"  # MILP solver of the ordering ILP: cbc | highs
+    reproducible: bool = False  # leave wall-clock figures out of the plan (byte-identical reruns)
 
 
 @dataclass
@@ -47,24 +49,45 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> R
     seconds["memory_model"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    say(f"ordering {len(imported.graph.nodes)} nodes: baselines")
+    op_types = [n.op_type for n in imported.graph.nodes]
+    measured = order.baselines(mm, op_types)
     say(f"ordering {len(imported.graph.nodes)} nodes ({options.order})")
-    chosen_order, order_stats = order.solve(mm, options.order, time_limit=options.time_limit, jobs=options.jobs)
+    # the ordering gets half of --time-limit, the layout what is left
+    order_limit = options.time_limit / 2 if options.time_limit is not None else None
+    chosen_order, order_stats = order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
+                                            jobs=options.jobs, solver=options.solver, measured=measured,
+                                            progress=say)
+    order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
+                                for k, v in measured.items()]
     seconds["order"] = time.perf_counter() - t
 
     t = time.perf_counter()
     say(f"placing {len(mm.storages)} tensors ({options.layout})")
-    placed = layout.place(layout_buffers(mm, chosen_order), options.layout, time_limit=options.time_limit,
+    layout_limit = max(options.time_limit - seconds["order"], 0.0) if options.time_limit is not None else None
+    placed = layout.place(layout_buffers(mm, chosen_order), options.layout, time_limit=layout_limit,
                           jobs=options.jobs)
     seconds["layout"] = time.perf_counter() - t
+
+    # What eager PyTorch would need, for the report to compare with: the original order through
+    # PyTorch's caching allocator (a replay, milliseconds even on GPT-2 small).
+    t = time.perf_counter()
+    eager = layout.place(layout_buffers(mm, measured["original"]["order"]), "pytorch")
+    pytorch_like = {"order": "original", "layout": "pytorch",
+                    "peak_live_bytes": measured["original"]["peak_live_bytes"], "arena_bytes": eager.arena,
+                    "seconds": time.perf_counter() - t}
 
     stats = {
         "order": {"strategy": options.order, **order_stats},
         "layout": {"strategy": options.layout, **placed.stats},
         "seconds": seconds,
+        "baselines": [pytorch_like],
         "tensors": {"transient_storages": len(mm.storages), "persistent": len(mm.persistent),
                     "aliases": len(mm.alias)},
         "node_classes": {c: mm.node_class.count(c) for c in memory.NODE_CLASSES},
     }
+    if options.reproducible:
+        stats = plan.without_wall_clock(stats)
     result = plan.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
                         model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
     return Result(result, imported, mm, imported.notes + mm.notes)

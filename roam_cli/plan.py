@@ -15,6 +15,9 @@ from roam_cli.graph import Graph
 from roam_cli.memory import MemoryModel, lifetimes, peak_live
 
 FORMAT, VERSION = "roam-plan", 1
+# Keys under which stats hold wall-clock figures (times, and budgets derived from elapsed time).
+# Every strategy uses these names; `optimize --reproducible` drops them all.
+WALL_CLOCK_KEYS = frozenset({"seconds", "time_limit"})
 
 
 @cache
@@ -79,6 +82,19 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
     }
 
 
+def without_wall_clock(stats: dict) -> dict:
+    """`stats` minus every wall-clock figure, so that the same input and options give the same
+    bytes. The schema's `seconds` stays, empty; `reproducible: true` says why."""
+    def strip(x):
+        if isinstance(x, dict):
+            return {k: strip(v) for k, v in x.items() if k not in WALL_CLOCK_KEYS}
+        if isinstance(x, list):
+            return [strip(v) for v in x]
+        return x
+
+    return {**strip(stats), "seconds": {}, "reproducible": True}
+
+
 def validate(plan: dict, where: str) -> None:
     errors = sorted(jsonschema.Draft202012Validator(schema()).iter_errors(plan), key=lambda e: list(e.path))
     if errors:
@@ -87,9 +103,14 @@ def validate(plan: dict, where: str) -> None:
         raise RoamError(f"{where}: plan does not match the schema at {at}: {e.message[:200]}")
 
 
-def write(plan: dict, path: Path) -> None:
+def dumps(plan: dict) -> str:
+    """The plan file's text; refuses a plan that does not match the schema."""
     validate(plan, "internal error, refusing to write")
-    write_atomic(path, json.dumps(plan, indent=1) + "\n")
+    return json.dumps(plan, indent=1) + "\n"
+
+
+def write(plan: dict, path: Path) -> None:
+    write_atomic(path, dumps(plan))
 
 
 def read(path: str | os.PathLike) -> dict:

@@ -40,7 +40,8 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
     missing = [n for n in names if n not in step]
     if missing:
         raise Violation(f"node {missing[0]!r} is missing from the order ({len(missing)} missing)")
-    extra = [n for n in plan["order"] if n not in set(names)]
+    known = set(names)
+    extra = [n for n in plan["order"] if n not in known]
     if extra:
         raise Violation(f"order names node {extra[0]!r}, which the model does not have")
 
@@ -142,6 +143,8 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
         if t["first_step"] > first or t["last_step"] < need_last:
             raise Violation(f"{r!r} lives over steps {t['first_step']}..{t['last_step']} in the plan, but is "
                             f"used over {first}..{need_last}")
+        if t["last_step"] > last:
+            raise Violation(f"{r!r} lives until step {t['last_step']}, past the plan's last step {last}")
         if t["offset"] % alignment:
             raise Violation(f"{r!r} offset {t['offset']} is not a multiple of the alignment {alignment}")
         if t["offset"] + t["bytes"] > arena:

@@ -1,5 +1,12 @@
-"""First-fit in allocation order: each buffer takes the lowest offset free for its lifetime."""
+"""First-fit in allocation order: each buffer takes the lowest offset free for its lifetime.
 
+Buffers are taken by ``lower`` (ties: input order) -- what an online allocator with perfect
+coalescing would do.  The buffers live at the current step are kept sorted by offset, so each
+placement is one scan for the first gap that fits.
+"""
+
+import heapq
+from bisect import insort
 from collections.abc import Sequence
 
 
@@ -7,16 +14,25 @@ def first_fit(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     """buffers: (lower, upper, size), lifetime half-open [lower, upper). Returns offsets."""
     order = sorted(range(len(buffers)), key=lambda i: (buffers[i][0], i))
     offsets = [0] * len(buffers)
-    placed: list[int] = []
+    active: list[tuple[int, int, int]] = []  # (offset, top, index), sorted
+    expiry: list[tuple[int, int]] = []  # (upper, index)
+    live: set[int] = set()
     for i in order:
         lo, hi, size = buffers[i]
-        busy = sorted((offsets[j], offsets[j] + buffers[j][2]) for j in placed
-                      if buffers[j][0] < hi and lo < buffers[j][1] and buffers[j][2] > 0)
+        if size <= 0 or hi <= lo:
+            continue
+        if expiry and expiry[0][0] <= lo:
+            while expiry and expiry[0][0] <= lo:
+                live.discard(heapq.heappop(expiry)[1])
+            active = [a for a in active if a[2] in live]
         offset = 0
-        for start, end in busy:
+        for start, end, _j in active:
             if start - offset >= size:
                 break
-            offset = max(offset, end)
+            if end > offset:
+                offset = end
         offsets[i] = offset
-        placed.append(i)
+        insort(active, (offset, offset + size, i))
+        heapq.heappush(expiry, (hi, i))
+        live.add(i)
     return offsets

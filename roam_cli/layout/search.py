@@ -17,7 +17,10 @@ of sections.  For each section we keep the bytes still to place in it.
 
 *Spatial inference.*  Everything still unplaced in a section must stack above the lowest min
 offset of those buffers (and above the current placement offset, by monotonicity), so
-``lowest_min_offset + bytes_left <= capacity`` for every section, or the node is dead.
+``lowest_min_offset + bytes_left <= capacity`` for every section, or the node is dead.  Each
+section remembers a *witness* (a member whose min offset still leaves room), so the check is
+O(1) until the witness is placed or pushed up; after a placement only the sections where that
+can have happened are looked at.
 
 *Dominance.*  If an unplaced buffer ``d`` would fit entirely below the offset at which we are
 about to put ``b`` (``min_offset(d) + size(d) <= offset(b)``), the gap under ``b`` can never be
@@ -27,31 +30,50 @@ buffer are branching candidates, which usually leaves very few.
 
 *Dynamic decomposition.*  When the unplaced buffers no longer overlap across some section
 boundary, the two sides are independent: they are solved one after the other and a failure
-on either side fails the node (no thrashing between independent parts).
+on either side fails the node (no thrashing between independent parts).  On training graphs
+this is what makes ~10k buffers tractable: the long-lived activations are placed first (they
+have the lowest min offsets and the largest areas), after which the short-lived remainder
+falls apart into many small independent time segments.
 
-*Identical buffers* (same lifetime and size) are placed in rank order only (symmetry).
+*Symmetry.*  Identical buffers (same lifetime and size) are placed in rank order only.  (A
+stronger rule -- never stack a buffer directly on a larger one with the same lifetime -- is
+also sound, but it removes the layouts the rankings find first and made several benchmark
+instances much slower, so it is not used.)
 
-*Portfolio with restarts.*  Several static rankings are tried round-robin with a doubling
-node limit (and across processes when ``jobs > 1``); the first to succeed wins.
+*Learning across restarts.*  Every failed section check increments that section's weight (a
+caller-owned list shared by the runs of a portfolio); rankings starting with ``K`` put the
+buffers of the most-failing sections first.  Chronological backtracking thrashes when an early
+decision in one region dooms a tight section elsewhere; after a few restarts the tight
+section's buffers are decided first and the failure is found near the root.
 
-Pure-Python performance notes: all per-node work uses flat lists indexed by buffer id and
-builtins that loop in C (``min(map(...))``, slices); placed buffers get an infinite min offset
-so they drop out of every minimum without bookkeeping; undo information is a short list per
-placement.
+*Fixed buffers.*  Callers may pin buffers to offsets; they take part in the canonical order
+at their own offset, and a placement that would push one of them up is a conflict.
+
+The search is complete: when it returns ``None`` no layout fits (a proof).  It is run as a
+portfolio of static rankings with a doubling node limit (see :mod:`roam_cli.layout.roam`).
+
+Pure-Python performance notes: buffers keep their input ids (a rank array orders them), all
+per-node work uses flat lists and builtins that loop in C (``min(map(...))``,
+``itertools.compress``, slices); placed buffers get an infinite min offset so they drop out of
+every minimum without bookkeeping; undo information is one short list per placement.
 """
 
 from __future__ import annotations
 
+import random
 import sys
 import time
 from bisect import bisect_right
 from collections.abc import Sequence
+from itertools import compress
 
 INF = 1 << 62
 
-# Static rankings tried in the portfolio.  Letters: T = largest section total the buffer is
-# part of, W = width of its lifetime, A = area (size x width), Z = size; all descending.
-DEFAULT_HEURISTICS = ("TWA", "WAT", "TAW", "ZWT")
+# Static rankings tried in the portfolio.  Letters (all descending): T = largest section total
+# the buffer takes part in, W = width of its lifetime, A = area (size x width), Z = size,
+# L = lower end, U = upper end, K = failure weight learnt so far for the buffer's sections;
+# ":<seed>" breaks the remaining ties at random.
+DEFAULT_HEURISTICS = ("TAW", "TWA", "KTWA", "KTAW", "WAT", "KWAT")
 
 
 class SearchAborted(Exception):
@@ -65,10 +87,8 @@ def sections_of(lowers: Sequence[int], uppers: Sequence[int]):
     and ``members[s]`` lists the buffers of section ``s``.  Intervals must be non-empty.
     """
     n = len(lowers)
-    events = []
-    for i in range(n):
-        events.append((lowers[i], 1, i))
-        events.append((uppers[i], 0, i))
+    events = [(lowers[i], 1, i) for i in range(n)]
+    events += [(uppers[i], 0, i) for i in range(n)]
     events.sort()  # at equal time ends (0) come before starts (1): [a,b) and [b,c) are disjoint
     active: dict[int, None] = {}
     slo = [0] * n
@@ -76,7 +96,7 @@ def sections_of(lowers: Sequence[int], uppers: Sequence[int]):
     members: list[list[int]] = []
     grown = False
     for _t, kind, i in events:
-        if kind == 1:
+        if kind:
             active[i] = None
             slo[i] = len(members)
             grown = True
@@ -89,30 +109,37 @@ def sections_of(lowers: Sequence[int], uppers: Sequence[int]):
     return slo, shi, members
 
 
-def _preorder(key: str, n, sizes, widths, totals):
-    def k(i):
-        out = []
-        for c in key:
-            if c == "T":
-                out.append(-totals[i])
-            elif c == "W":
-                out.append(-widths[i])
-            elif c == "A":
-                out.append(-sizes[i] * widths[i])
-            elif c == "Z":
-                out.append(-sizes[i])
-        out.append(i)
-        return tuple(out)
-
-    return sorted(range(n), key=k)
+def overlaps_of(lowers: Sequence[int], uppers: Sequence[int]) -> list[list[int]]:
+    """For each buffer, the buffers whose lifetimes intersect its own (sweep, O(pairs))."""
+    n = len(lowers)
+    order = sorted(range(n), key=lowers.__getitem__)
+    ovl: list[list[int]] = [[] for _ in range(n)]
+    active: list[int] = []
+    import heapq
+    ends: list[tuple[int, int]] = []
+    alive = [False] * n
+    for i in order:
+        lo = lowers[i]
+        if ends and ends[0][0] <= lo:
+            while ends and ends[0][0] <= lo:
+                alive[heapq.heappop(ends)[1]] = False
+            active = list(compress(active, map(alive.__getitem__, active)))
+        oi = ovl[i]
+        oi.extend(active)
+        for j in active:
+            ovl[j].append(i)
+        active.append(i)
+        alive[i] = True
+        heapq.heappush(ends, (uppers[i], i))
+    return ovl
 
 
 class CanonicalSearch:
     """Decision search for one set of buffers (sizes > 0, non-empty lifetimes).
 
-    ``solve(capacity, deadline, heuristic, node_limit)`` returns a list of offsets whose
-    maximum top is ``<= capacity``, ``None`` when the search space was exhausted (proof that
-    the capacity is infeasible), or raises :class:`SearchAborted`.
+    ``solve(capacity, deadline, heuristic, node_limit, fixed)`` returns a list of offsets
+    whose maximum top is ``<= capacity``, ``None`` when the search space was exhausted (proof
+    that the capacity is infeasible), or raises :class:`SearchAborted`.
     """
 
     def __init__(self, buffers: Sequence[tuple[int, int, int]]):
@@ -122,80 +149,135 @@ class CanonicalSearch:
                 raise ValueError("CanonicalSearch needs positive sizes and non-empty lifetimes")
         n = len(self.buffers)
         self.n = n
-        lowers = [b[0] for b in self.buffers]
-        uppers = [b[1] for b in self.buffers]
-        sizes = [b[2] for b in self.buffers]
-        slo, shi, members = sections_of(lowers, uppers)
-        sec_total = [sum(sizes[i] for i in m) for m in members]
-        self.sec_total = sec_total
-        self.lower_bound = max(sec_total, default=0)
-        self._slo, self._shi = slo, shi
-        widths = [uppers[i] - lowers[i] for i in range(n)]
-        totals = [max(sec_total[slo[i]:shi[i]]) for i in range(n)]
-        self._keys = (sizes, widths, totals)
+        self.lowers = [b[0] for b in self.buffers]
+        self.uppers = [b[1] for b in self.buffers]
+        self.size = [b[2] for b in self.buffers]
+        self.slo, self.shi, self.members = sections_of(self.lowers, self.uppers)
+        size = self.size
+        self.sec_total = [sum(map(size.__getitem__, m)) for m in self.members]
+        self.lower_bound = max(self.sec_total, default=0)
+        self.ovl = None  # built on first solve
+        self._cuts0 = None
         self.nodes = 0
         self.backtracks = 0
+        self._twins = None
 
-    # ------------------------------------------------------------------ setup per ranking
-    def _setup(self, heuristic: str):
+    def _overlaps(self):
+        if self.ovl is None:
+            self.ovl = overlaps_of(self.lowers, self.uppers)
+        return self.ovl
+
+    def ranking(self, heuristic: str, weights=None) -> list[int]:
+        """Buffer ids in the static order named by ``heuristic`` (see DEFAULT_HEURISTICS).
+
+        ``K`` ranks by the failure weight learnt for the buffer's sections (``weights``)."""
+        name, _, seed = heuristic.partition(":")
         n = self.n
-        sizes, widths, totals = self._keys
-        order = _preorder(heuristic, n, sizes, widths, totals)  # rank -> original id
-        rank = [0] * n
-        for r, i in enumerate(order):
-            rank[i] = r
-        lowers = [self.buffers[i][0] for i in order]
-        uppers = [self.buffers[i][1] for i in order]
-        size = [self.buffers[i][2] for i in order]
-        slo, shi, members = sections_of(lowers, uppers)
-        for m in members:
-            m.sort()
-        S = len(members)
-        overlaps: list[set] = [set() for _ in range(n)]
-        for m in members:
-            for i in m:
-                overlaps[i].update(m)
-        ovl = []
-        for i in range(n):
-            overlaps[i].discard(i)
-            ovl.append(sorted(overlaps[i]))
-        # identical buffers: j may only be placed once its identical predecessor is placed
-        twin_prev = [-1] * n
-        seen: dict = {}
-        for r in range(n):
-            key = (lowers[r], uppers[r], size[r])
-            if key in seen:
-                twin_prev[r] = seen[key]
-            seen[key] = r
-        cuts = [0] * (S + 1)  # cuts[k]: unplaced buffers covering both section k-1 and k
-        for i in range(n):
-            for k in range(slo[i] + 1, shi[i]):
-                cuts[k] += 1
-        total = [0] * S
-        for s, m in enumerate(members):
-            total[s] = sum(size[i] for i in m)
-        return order, size, slo, shi, members, ovl, twin_prev, cuts, total
+        sec_total = self.sec_total
+        slo, shi = self.slo, self.shi
+        totals = [max(sec_total[slo[i]:shi[i]]) for i in range(n)]
+        rnd = None
+        if seed:
+            r = random.Random(int(seed))
+            rnd = [r.random() for _ in range(n)]
+        lowers, uppers, size = self.lowers, self.uppers, self.size
+        wk = None
+        if "K" in name:
+            ws = weights or [0] * len(sec_total)
+            wk = [max(ws[slo[i]:shi[i]]) for i in range(n)]
+
+        def key(i):
+            out = []
+            for c in name:
+                if c == "K":
+                    out.append(-wk[i])
+                elif c == "T":
+                    out.append(-totals[i])
+                elif c == "W":
+                    out.append(lowers[i] - uppers[i])
+                elif c == "A":
+                    out.append(-size[i] * (uppers[i] - lowers[i]))
+                elif c == "Z":
+                    out.append(-size[i])
+                elif c == "L":
+                    out.append(-lowers[i])
+                elif c == "U":
+                    out.append(-uppers[i])
+            if rnd is not None:
+                out.append(rnd[i])
+            out.append(i)
+            return out
+
+        return sorted(range(n), key=key)
 
     # ------------------------------------------------------------------ the search
     def solve(self, capacity: int, deadline: float | None = None, heuristic: str = "TWA",
-              node_limit: int | None = None) -> list[int] | None:
+              node_limit: int | None = None, fixed: dict | None = None,
+              weights: list | None = None) -> list[int] | None:
+        """Search for offsets with every top <= capacity.
+
+        ``fixed`` maps buffer index -> offset for buffers that must stay where they are.  A
+        fixed buffer takes part in the canonical order at its own offset; any placement that
+        would push its min offset above that offset is a conflict.
+        """
         n = self.n
         if n == 0:
             return []
-        if self.lower_bound > capacity or max(b[2] for b in self.buffers) > capacity:
+        C = int(capacity)
+        size = self.size
+        if self.lower_bound > C or max(size) > C:
             return None
-        order, size, slo, shi, members, ovl, twin_prev, cuts, total = self._setup(heuristic)
-        C = capacity
+        slo, shi, members = self.slo, self.shi, self.members
+        ovl = self._overlaps()
+        order = self.ranking(heuristic, weights)
+        if weights is None:
+            weights = [0] * len(members)
+        rank = [0] * n
+        for r, i in enumerate(order):
+            rank[i] = r
+        S = len(members)
+        total = list(self.sec_total)
+        if self._cuts0 is None:
+            cuts = [0] * (S + 1)  # cuts[k]: unplaced buffers covering both section k-1 and k
+            for i in range(n):
+                for k in range(slo[i] + 1, shi[i]):
+                    cuts[k] += 1
+            self._cuts0 = cuts
+        cuts = list(self._cuts0)
         minoff = [0] * n
         top = list(size)
+        fx = [False] * n
+        if fixed:
+            for i, off in fixed.items():
+                off = int(off)
+                if off < 0 or off + size[i] > C:
+                    return None
+                fx[i] = True
+                minoff[i] = off
+                top[i] = off + 1  # a fixed buffer bounds the level; it is never "dominated"
+        # identical buffers: a later-ranked twin waits for its predecessor
+        twin_prev = [-1] * n
+        seen: dict = {}
+        for i in order:
+            if fx[i]:
+                continue
+            key = (self.lowers[i], self.uppers[i], size[i])
+            if key in seen:
+                twin_prev[i] = seen[key]
+            seen[key] = i
         offset = [0] * n
         placed = [False] * n
+        witness = [m[0] for m in members]
+        wsecs: list[set[int]] = [set() for _ in range(n)]  # sections that chose i as witness
+        for s, w in enumerate(witness):
+            wsecs[w].add(s)
         perf = time.perf_counter
         limit = node_limit if node_limit is not None else INF
         dl = deadline if deadline is not None else float("inf")
         mo_get = minoff.__getitem__
         top_get = top.__getitem__
-        trail: list = []  # one record per placement, (b, x, [(o, old_minoff), ...])
+        rank_get = rank.__getitem__
+        trail: list = []  # one record per placement: (b, x, [(o, old_minoff), ...])
         counters = [0, 0]  # nodes, backtracks
 
         def unplace():
@@ -209,39 +291,72 @@ class CanonicalSearch:
                 total[s] += sz
             placed[b] = False
             minoff[b] = x
-            top[b] = x + sz
+            top[b] = x + 1 if fx[b] else x + sz
             for o, old in reversed(changed):
                 minoff[o] = old
                 top[o] = old + size[o]
 
-        def search(comp: list[int], s0: int, s1: int, last_x: int, last_b: int) -> bool:
+        def refresh(s, room):
+            """Find a new witness for section s; False if none is left."""
+            mem = members[s]
+            w = next(compress(reversed(mem), map(room.__ge__, map(mo_get, reversed(mem)))), -1)
+            if w < 0:
+                return False
+            witness[s] = w
+            wsecs[w].add(s)
+            return True
+
+        def search(comp: list[int], s0: int, s1: int, last_x: int, last_r: int) -> bool:
             counters[0] += 1
             nodes = counters[0]
             if nodes >= limit:
                 raise SearchAborted("node limit")
-            if not (nodes & 255) and perf() > dl:
+            if not (nodes & 127) and perf() > dl:
                 raise SearchAborted("deadline")
             mh = min(map(top_get, comp))
-            cands = [i for i in comp if minoff[i] < mh]
+            cands = list(compress(comp, map(mh.__gt__, map(mo_get, comp))))
             if len(cands) > 1:
-                cands.sort(key=mo_get)
+                cands.sort(key=mo_get)  # stable: ties stay in rank order
+            seg = total[s0:s1]
+            big = max(seg)  # cheap pre-checks of the monotone-floor bound
+            smax = s0 + seg.index(big)
+            mono_hit = False
             for b in cands:
                 x = minoff[b]
-                if x < last_x or (x == last_x and b < last_b):
+                if x < last_x or (x == last_x and rank[b] < last_r):
+                    continue
+                sz = size[b]
+                if x + big - sz > C:
+                    if not mono_hit:
+                        weights[smax] += 1
+                        mono_hit = True
                     continue
                 tp = twin_prev[b]
                 if tp >= 0 and not placed[tp]:
                     continue
-                sz = size[b]
-                t = x + sz
                 lo_b = slo[b]
                 hi_b = shi[b]
+                if x + big > C:
+                    # exact monotone-floor bound after placing b, without placing it
+                    if smax < lo_b or smax >= hi_b:
+                        continue
+                    if lo_b > s0 and x + max(total[s0:lo_b]) > C:
+                        continue
+                    if hi_b < s1 and x + max(total[hi_b:s1]) > C:
+                        continue
+                    if x + max(total[lo_b:hi_b]) - sz > C:
+                        continue
+                t = x + sz
                 # ---- place b at x
                 changed = []
                 rlo = lo_b
                 rhi = hi_b
+                clash = False
                 for o in ovl[b]:
                     if minoff[o] < t:
+                        if fx[o]:
+                            clash = True  # would overlap a fixed buffer
+                            continue
                         changed.append((o, minoff[o]))
                         minoff[o] = t
                         top[o] = t + size[o]
@@ -261,52 +376,103 @@ class CanonicalSearch:
                     if not cuts[k]:
                         splits.append(k)
                 trail.append((b, x, changed))
-                # ---- inference: every section must still fit
-                ok = x + max(total[s0:s1]) <= C
+                # ---- inference: every section keeps a member that can still be its lowest.
+                # Raised members now sit at t, so only sections with less than t bytes of
+                # room, or whose witness was b itself, can have lost their witness.
+                ok = not clash
                 if ok:
-                    for s in range(rlo, rhi):
-                        ts = total[s]
-                        if ts and min(map(mo_get, members[s])) + ts > C:
+                    thr = C - t
+                    for s in compress(range(rlo, rhi), map(thr.__lt__, total[rlo:rhi])):
+                        room = C - total[s]
+                        if minoff[witness[s]] > room and not refresh(s, room):
                             ok = False
+                            weights[s] += 1
                             break
                 if ok:
-                    rest = [i for i in comp if i != b]
-                    if not rest:
-                        return True
-                    if not splits:
-                        if search(rest, s0, s1, x, b):
-                            return True
-                    else:
-                        groups: dict[int, list[int]] = {}
-                        for i in rest:
-                            groups.setdefault(bisect_right(splits, slo[i]), []).append(i)
-                        mark = len(trail)
-                        good = True
-                        for g in sorted(groups, key=lambda g: -len(groups[g])):
-                            g0 = splits[g - 1] if g > 0 else s0
-                            g1 = splits[g] if g < len(splits) else s1
-                            if not search(groups[g], g0, g1, x, b):
-                                good = False
+                    ws = wsecs[b]
+                    if ws:
+                        for s in list(ws):
+                            if witness[s] == b and total[s] and not refresh(s, C - total[s]):
+                                ok = False
+                                weights[s] += 1
                                 break
-                        if good:
+                        if ok:
+                            wsecs[b] = {s for s in ws if witness[s] == b}
+                if ok:
+                    if len(comp) == 1:
+                        return True
+                    rest = comp.copy()
+                    rest.remove(b)
+                    r_b = rank[b]
+                    if not splits:
+                        if search(rest, s0, s1, x, r_b):
                             return True
-                        while len(trail) > mark:
-                            unplace()
+                    elif split_search(rest, splits, s0, s1, x, r_b):
+                        return True
                 unplace()
             counters[1] += 1
             return False
 
-        old_limit = sys.getrecursionlimit()
-        if old_limit < 4 * n + 1000:
+        def split_search(rest, splits, s0, s1, x, r_b) -> bool:
+            """Solve the groups between zero-cut boundaries one after the other."""
+            groups: dict[int, list[int]] = {}
+            for i in rest:
+                groups.setdefault(bisect_right(splits, slo[i]), []).append(i)
+            mark = len(trail)
+            # largest group first: it is the most likely to fail
+            for g in sorted(groups, key=lambda g: -len(groups[g])):
+                g0 = splits[g - 1] if g > 0 else s0
+                g1 = splits[g] if g < len(splits) else s1
+                if not search(groups[g], g0, g1, x, r_b):
+                    while len(trail) > mark:
+                        unplace()
+                    return False
+            return True
+
+        # every section must have a witness to begin with (fixed buffers may sit high)
+        for s in range(S):
+            if total[s] and minoff[witness[s]] > C - total[s] and not refresh(s, C - total[s]):
+                return None
+        def root():
+            comp0 = sorted(range(n), key=rank_get)
+            splits0 = [k for k in range(1, S) if not cuts[k]]
+            if splits0:
+                return split_search(comp0, splits0, 0, S, 0, -1)
+            return search(comp0, 0, S, 0, -1)
+
+        if sys.getrecursionlimit() < 4 * n + 1000:
             sys.setrecursionlimit(4 * n + 1000)
         try:
-            found = search(list(range(n)), 0, len(members), 0, -1)
+            found = _deep_call(root) if n > 2000 else root()
         finally:
             self.nodes += counters[0]
             self.backtracks += counters[1]
         if not found:
             return None
-        out = [0] * n
-        for r in range(n):
-            out[order[r]] = offset[r]
-        return out
+        return offset
+
+
+def _deep_call(fn):
+    """Run ``fn`` in a thread with a large stack: the search recurses once per placement."""
+    import threading
+    box: dict = {}
+
+    def run():
+        try:
+            box["value"] = fn()
+        except BaseException as e:  # re-raised in the caller
+            box["error"] = e
+
+    old = threading.stack_size()
+    try:
+        threading.stack_size(256 * 1024 * 1024)
+        t = threading.Thread(target=run, name="roam-layout-search")
+        t.start()
+    except (RuntimeError, ValueError, MemoryError):  # no big stacks here: plain call
+        return fn()
+    finally:
+        threading.stack_size(old)
+    t.join()
+    if "error" in box:
+        raise box["error"]
+    return box["value"]

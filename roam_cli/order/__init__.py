@@ -1,35 +1,84 @@
 """Ordering strategies: a topological order of all nodes, chosen to minimise peak live bytes.
 
-Every strategy takes a `MemoryModel` (plain values: preds, storages) and returns node indices."""
+Every strategy takes a `MemoryModel` and returns node indices plus plain statistics:
+- `roam` (the default): reduction rules, the best heuristic, tree-divided exact refinement
+  (`roam.py`); never worse than the baselines it is given;
+- `original`: the model's node order (an eager framework: forward, whole backward, optimizer);
+- `ort`: ONNX Runtime's default execution order (`ort.py`);
+- `greedy`: the best of XLA's list and DFS memory schedulers (`greedy.py`);
+- `ilp-global`: one ILP over the whole graph, the MODeL/OLLA formulation (`ilp.py`).
 
-import heapq
+`baselines()` measures the cheap baselines in one run; `solve()` reuses their orders."""
 
+import time
+
+from roam_cli import memory
 from roam_cli.memory import MemoryModel
+from roam_cli.order import greedy as greedy_mod, ilp, ort as ort_mod, roam as roam_mod
+from roam_cli.order.problem import from_memory_model, kahn
 
-STRATEGIES = ("original",)
+STRATEGIES = ("roam", "original", "ort", "greedy", "ilp-global")
+BASELINES = ("original", "ort", "greedy")
+DEFAULT_SECONDS = 60.0  # the search stops earlier when it proves its order optimal
 
 
 def original(mm: MemoryModel) -> list[int]:
     """The model's node order: file order, with the fewest moves that honour in-place rules."""
-    indegree = [len(p) for p in mm.preds]
-    users: list[list[int]] = [[] for _ in mm.preds]
-    for b, ps in enumerate(mm.preds):
-        for a in ps:
-            users[a].append(b)
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
-    return order
+    return kahn(from_memory_model(mm))
 
 
-def solve(mm: MemoryModel, strategy: str = "original", **options) -> tuple[list[int], dict]:
+def peak_of(mm: MemoryModel, order: list[int]) -> int:
+    return memory.peak_live(mm, memory.lifetimes(mm, order))[0]
+
+
+def baseline(mm: MemoryModel, strategy: str, op_types: list[str]) -> tuple[list[int], dict]:
     if strategy == "original":
         return original(mm), {}
+    if strategy == "ort":
+        return ort_mod.ort_default(list(mm.preds), op_types), {}
+    if strategy == "greedy":
+        found, scheduler = greedy_mod.greedy(from_memory_model(mm))
+        return found, {"scheduler": scheduler}
+    raise ValueError(f"unknown baseline {strategy!r}")
+
+
+def baselines(mm: MemoryModel, op_types: list[str]) -> dict[str, dict]:
+    """Every cheap baseline: strategy -> {order, peak_live_bytes, seconds}."""
+    out = {}
+    for strategy in BASELINES:
+        start = time.perf_counter()
+        found, _ = baseline(mm, strategy, op_types)
+        out[strategy] = {"order": found, "peak_live_bytes": peak_of(mm, found),
+                         "seconds": time.perf_counter() - start}
+    return out
+
+
+def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None = None,
+          time_limit: float | None = None, jobs: int = 1, solver: str = "cbc",
+          measured: dict[str, dict] | None = None, progress=None) -> tuple[list[int], dict]:
+    """(order, stats) for `strategy`. `measured` are baselines already computed in this run
+    (`baselines()`): roam starts from them and never returns a worse order."""
+    op_types = op_types if op_types is not None else [""] * mm.num_nodes
+    seconds = time_limit if time_limit is not None else DEFAULT_SECONDS
+    if strategy in BASELINES:
+        return baseline(mm, strategy, op_types)
+    problem = from_memory_model(mm)
+    if strategy == "ilp-global":
+        start = original(mm)
+        sol = ilp.solve(problem, start, time.perf_counter() + seconds, solver)
+        return sol.order, {"solver": solver, "status": sol.status, "variables": sol.variables}
+    if strategy == "roam":
+        measured = measured if measured is not None else baselines(mm, op_types)
+        deadline = time.perf_counter() + seconds
+        found, stats = roam_mod.order(problem, {k: v["order"] for k, v in measured.items()}, deadline, jobs,
+                                      solver, progress)
+        best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
+        if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
+            found = measured[best_baseline]["order"]
+        return found, {"solver": solver, "reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
+                       "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
+                       "proven_optimal": stats.proven_optimal, "tree_passes": stats.passes,
+                       "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
+                       "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused,
+                       "leaf_solvers": stats.leaf_solvers}
     raise ValueError(f"unknown order strategy {strategy!r}")

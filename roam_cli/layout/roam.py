@@ -1,0 +1,427 @@
+"""The ``roam`` layout strategy: heuristics, decomposition, exact search, ILP -- never worse
+than the best heuristic.
+
+Who does what, and why:
+
+1. **Heuristics** (:mod:`heuristics`, :mod:`first_fit`): first-fit, XLA best-fit, greedy-by-size
+   and two more first-fit orders are always run.  Their best layout is the incumbent and the
+   fallback; their arenas go to ``stats["baselines"]``.  The peak of live bytes is the lower
+   bound: when the incumbent meets it (or meets ``capacity``) we are done.
+2. **Decomposition into independent subproblems.**  Time is cut wherever no buffer is live
+   across the cut; the pieces never interact and each is laid out from offset 0.  The arena is
+   the maximum over pieces, so only pieces whose incumbent is above the target (the peak-live
+   bound, or ``capacity``) are searched at all -- on a training graph usually one or two.
+   Inside a piece the exact search decomposes further on the fly (below).
+3. **Exact combinatorial search** (:mod:`search`, MiniMalloc-style canonical search with
+   spatial inference, dominance, dynamic temporal decomposition): decides "does this piece fit
+   in ``target`` bytes?" and is the part that reaches zero fragmentation.  Long-lived buffers
+   have the lowest minimum offsets and the largest areas, so it fixes them first, after which
+   the short-lived remainder splits into independent time segments that are solved one by
+   one -- the "long-lived first, then segments" decomposition falls out of the search itself.
+   A portfolio of static rankings runs round-robin with a doubling node limit (minimalloc's
+   restart scheme).  Every failed section check adds to that section's weight, and half of the
+   rankings put the buffers of heavily failing sections first, so restarts learn where the
+   instance is tight (a dom/wdeg-style heuristic; it is what solves the hardest minimalloc
+   instances).  With ``jobs > 1`` the rankings run in parallel processes, and independent
+   pieces are solved in parallel.
+4. **Minimisation.**  Without ``capacity`` the target is the peak-live bound.  If a piece does
+   not fit it (proven infeasible, or out of time), the height is bisected between the bound
+   and the incumbent, each probe a time-limited decision search.  An exhausted search is a
+   proof, so small pieces end with a proven optimum.
+5. **ILP** (:mod:`ilp`, PuLP/CBC, big-M order disjunctions, warm-started from the incumbent):
+   for small pieces (<= ``ILP_MAX_BUFFERS``) on which the search ran out of time without a
+   proof, the offset ILP gets the remaining time to improve the incumbent or prove it optimal.
+   It is not used on large pieces, where its linear relaxation is too weak to help.
+
+Every failure (solver missing, infeasible, timeout, exception) leaves the incumbent in place
+and is recorded in ``stats["fallback"]``.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import time
+import traceback
+from collections.abc import Sequence
+
+from roam_cli.layout import heuristics
+from roam_cli.layout.first_fit import first_fit
+from roam_cli.layout.search import DEFAULT_HEURISTICS, CanonicalSearch, SearchAborted
+
+ILP_MAX_BUFFERS = 24
+
+
+def default_time_limit(n: int) -> float:
+    """Budget when the caller gives none: a few seconds for small instances, about a minute
+    for ~10k buffers (the search needs one node per buffer on training graphs, each O(n))."""
+    return min(90.0, 3.0 + n / 150.0)
+
+
+def peak_of(buffers: Sequence[tuple[int, int, int]]) -> int:
+    events = []
+    for lo, hi, size in buffers:
+        if size > 0 and hi > lo:
+            events.append((lo, size))
+            events.append((hi, -size))
+    events.sort()
+    live = peak = 0
+    for _t, d in events:
+        live += d
+        if live > peak:
+            peak = live
+    return peak
+
+
+def height_of(buffers, offsets, idx=None) -> int:
+    it = range(len(buffers)) if idx is None else idx
+    return max((offsets[i] + buffers[i][2] for i in it if buffers[i][2] > 0), default=0)
+
+
+def split_components(buffers, idx: list[int]) -> list[list[int]]:
+    """Maximal groups of buffers connected through overlapping lifetimes (time-contiguous)."""
+    order = sorted(idx, key=lambda i: (buffers[i][0], buffers[i][1]))
+    comps: list[list[int]] = []
+    end = None
+    for i in order:
+        lo, hi, _ = buffers[i]
+        if end is None or lo >= end:
+            comps.append([i])
+            end = hi
+        else:
+            comps[-1].append(i)
+            if hi > end:
+                end = hi
+    return comps
+
+
+# ------------------------------------------------------------------ portfolio search
+def _portfolio(sub, target, deadline, heuristics_, start_limit=None):
+    """Round-robin over rankings with a doubling node limit.  Returns (offsets|None, status,
+    nodes) with status "solved", "infeasible" (exhausted: a proof) or "timeout"."""
+    cs = CanonicalSearch(sub)
+    if cs.lower_bound > target or max(b[2] for b in sub) > target:
+        return None, "infeasible", 0
+    limit = start_limit or max(2 * len(sub), 64)
+    weights = [0] * len(cs.members)  # failures per section, learnt across the restarts
+    while True:
+        for h in heuristics_:
+            if time.perf_counter() >= deadline:
+                return None, "timeout", cs.nodes
+            try:
+                off = cs.solve(target, deadline, h, limit, weights=weights)
+            except SearchAborted as e:
+                if "deadline" in str(e):
+                    return None, "timeout", cs.nodes
+                continue
+            except RecursionError:
+                return None, "recursion limit", cs.nodes
+            if off is None:
+                return None, "infeasible", cs.nodes
+            return off, "solved", cs.nodes
+        limit *= 2
+
+
+def _worker(q, sub, target, deadline, hs):
+    try:
+        q.put(_portfolio(sub, target, deadline, hs))
+    except BaseException as e:  # report, never hang the parent
+        q.put((None, f"error: {type(e).__name__}: {e}", 0))
+
+
+def decide(sub, target, deadline, jobs=1, heuristics_=DEFAULT_HEURISTICS):
+    """Does ``sub`` fit under ``target``?  Portfolio search, in ``jobs`` processes if > 1."""
+    jobs = max(1, min(int(jobs or 1), len(heuristics_)))
+    if jobs == 1 or len(sub) < 50:
+        return _portfolio(sub, target, deadline, heuristics_)
+    ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+    q = ctx.Queue()
+    procs = []
+    for k in range(jobs):
+        p = ctx.Process(target=_worker, args=(q, sub, target, deadline, heuristics_[k::jobs]),
+                        daemon=True)
+        p.start()
+        procs.append(p)
+    result = (None, "timeout", 0)
+    nodes = 0
+    try:
+        for _ in procs:
+            remaining = deadline - time.perf_counter() + 5.0
+            try:
+                off, status, n = q.get(timeout=max(remaining, 0.1))
+            except Exception:
+                break
+            nodes += n
+            if status in ("solved", "infeasible"):
+                result = (off, status, nodes)
+                break
+            result = (None, status, nodes)
+    finally:
+        for p in procs:
+            if p.is_alive():
+                p.terminate()
+        for p in procs:
+            p.join(timeout=1.0)
+    return result
+
+
+# ------------------------------------------------------------------ one piece
+def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say):
+    """Improve the incumbent ``best_off`` of one independent piece.  Returns (offsets, info)."""
+    t0 = time.perf_counter()
+    best_h = height_of(sub, best_off)
+    info = {"buffers": len(sub), "lower_bound": lb, "heuristic": best_h, "nodes": 0, "probes": []}
+    status_final = "heuristic"
+    lo = max(lb, 0)
+    goal = target
+    proven_lo = lo  # every height below this is proven impossible
+    while best_h > goal and time.perf_counter() < deadline:
+        left = deadline - time.perf_counter()
+        # a decision (capacity) gets all the time; when minimising, the probe at the lower
+        # bound gets 60% and each bisection probe half of what is left
+        if not minimise:
+            share = left
+        else:
+            share = max(left * (0.6 if not info["probes"] else 0.5), 0.05)
+        probe_deadline = time.perf_counter() + share
+        off, status, nodes = decide(sub, goal, probe_deadline, jobs)
+        info["nodes"] += nodes
+        info["probes"].append({"target": goal, "status": status})
+        if status == "solved":
+            h = height_of(sub, off)
+            if h < best_h:
+                best_off, best_h = off, h
+            if not minimise:
+                break
+        elif status == "infeasible":
+            proven_lo = max(proven_lo, goal + 1)
+            if not minimise:
+                break
+        else:
+            if not minimise:
+                break
+        if not minimise:
+            break
+        # bisection between what is proven/assumed impossible and the incumbent
+        if status != "solved":
+            lo = goal + 1
+        if lo >= best_h:
+            break
+        goal = (lo + best_h - 1) // 2
+        if goal < lo:
+            break
+    if best_h <= lb:
+        status_final = "optimal"
+    elif proven_lo >= best_h:
+        status_final = "optimal"
+    elif info["nodes"]:
+        status_final = "feasible" if best_h < info["heuristic"] else "heuristic"
+    info["proven_lower_bound"] = max(lb, proven_lo)
+    # small pieces the search could not settle: the offset ILP gets what time is left
+    proven_out = not minimise and proven_lo > target  # the capacity is proven infeasible
+    if (status_final not in ("optimal",) and len(sub) <= ILP_MAX_BUFFERS and not proven_out
+            and deadline - time.perf_counter() > 0.2 and (minimise or best_h > target)):
+        from roam_cli.layout.ilp import solve_ilp
+        off, ilp_info = solve_ilp(sub, upper=best_h, lower=info["proven_lower_bound"],
+                                  warm=best_off, time_limit=deadline - time.perf_counter())
+        info["ilp"] = ilp_info
+        if off is not None:
+            h = height_of(sub, off)
+            if h < best_h:
+                best_off, best_h = off, h
+            if ilp_info.get("status") == "optimal":
+                status_final = "optimal"
+            elif h < info["heuristic"]:
+                status_final = "feasible"
+    info["height"] = best_h
+    info["status"] = status_final
+    info["seconds"] = round(time.perf_counter() - t0, 4)
+    return best_off, info
+
+
+# ------------------------------------------------------------------ entry point
+def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | None = None,
+                jobs: int = 1, capacity: int | None = None, progress=None):
+    """Returns (offsets, stats).  ``buffers`` must already be validated plain ints."""
+    say = progress or (lambda _m: None)
+    t_start = time.perf_counter()
+    n = len(buffers)
+    offsets = [0] * n
+    active = [i for i, (lo, hi, sz) in enumerate(buffers) if sz > 0 and hi > lo]
+    lb = peak_of(buffers)
+    budget = default_time_limit(len(active)) if time_limit is None else max(float(time_limit), 0.0)
+    deadline = t_start + budget
+    stats: dict = {"lower_bound": lb, "time_limit": round(budget, 3)}
+    fallback: list[str] = []
+
+    # 1. heuristics (also the baselines of the report)
+    say(f"layout: heuristics on {len(active)} buffers")
+    cands = {
+        "first-fit": first_fit,
+        "best-fit": heuristics.best_fit,
+        "greedy-size": heuristics.greedy_size,
+        "first-fit-by-size": heuristics.first_fit_sizes,
+        "first-fit-by-lifetime": heuristics.first_fit_long,
+    }
+    sub_all = [buffers[i] for i in active]
+    results = {}
+    baselines = []
+    for name, fn in cands.items():
+        t = time.perf_counter()
+        try:
+            off = fn(sub_all)
+        except Exception as e:  # a broken heuristic must not take roam down
+            fallback.append(f"heuristic {name} failed: {type(e).__name__}: {e}")
+            continue
+        results[name] = off
+        baselines.append({"strategy": name, "arena_bytes": height_of(sub_all, off),
+                          "seconds": round(time.perf_counter() - t, 4)})
+    if not results:
+        raise RuntimeError("every layout heuristic failed: " + "; ".join(fallback))
+    # the runtime allocators, replayed, as baselines only (their own figures)
+    from roam_cli.layout import allocators
+    for name, fn, key in (("pytorch", allocators.pytorch_caching, "peak_reserved"),
+                          ("bfc", allocators.bfc_arena, "peak_allocated")):
+        t = time.perf_counter()
+        try:
+            _off, sim = fn(sub_all)
+            baselines.append({"strategy": name, "arena_bytes": sim[key],
+                              "seconds": round(time.perf_counter() - t, 4)})
+        except Exception as e:
+            fallback.append(f"baseline {name} failed: {type(e).__name__}: {e}")
+    best_name = min(results, key=lambda k: (height_of(sub_all, results[k]), k != "first-fit"))
+    best_sub = results[best_name]
+    best_h = height_of(sub_all, best_sub)
+    stats["baselines"] = baselines
+    stats["best_heuristic"] = best_name
+    stats["heuristic_arena"] = best_h
+
+    # 2. pieces
+    pos = {i: k for k, i in enumerate(active)}
+    comps = split_components(buffers, active)
+    stats["subproblems"] = len(comps)
+    minimise = capacity is None
+    target = lb if minimise else int(capacity)
+    # per piece, the best heuristic restricted to the piece (pieces never interact)
+    piece_off: list[list[int]] = []
+    for comp in comps:
+        sub = [buffers[i] for i in comp]
+        best_local = None
+        for name, off in results.items():
+            local = [off[pos[i]] for i in comp]
+            h = height_of(sub, local)
+            if best_local is None or h < best_local[0]:
+                best_local = (h, local)
+        piece_off.append(best_local[1])
+    todo = [k for k, comp in enumerate(comps)
+            if height_of([buffers[i] for i in comp], piece_off[k]) > target]
+    if not minimise and lb > target:
+        fallback.append(f"capacity {target} is below the peak of live bytes {lb}")
+        todo = []
+    stats["searched"] = len(todo)
+    pieces_info = []
+    if todo:
+        say(f"layout: exact search on {len(todo)} of {len(comps)} independent piece(s)")
+        todo.sort(key=lambda k: -len(comps[k]))
+        results_by_piece = _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs,
+                                         minimise, say)
+        for k, (off, info) in results_by_piece.items():
+            piece_off[k] = off
+            pieces_info.append(info)
+            if info.get("error"):
+                fallback.append(info["error"])
+            elif info["status"] not in ("optimal",) and info["height"] > target:
+                last = info["probes"][-1]["status"] if info["probes"] else "no time"
+                fallback.append(f"piece of {info['buffers']} buffers: search {last}, "
+                                f"kept height {info['height']} (target {target})")
+    for comp, off in zip(comps, piece_off):
+        for i, o in zip(comp, off):
+            offsets[i] = o
+    arena = height_of(buffers, offsets)
+    if arena > best_h:  # cannot happen (pieces only improve), but never return worse
+        fallback.append("combined layout worse than the best heuristic; using the heuristic")
+        for k, i in enumerate(active):
+            offsets[i] = best_sub[k]
+        arena = best_h
+    stats["pieces"] = pieces_info[:20]
+    stats["search_nodes"] = sum(p.get("nodes", 0) for p in pieces_info)
+    if minimise:
+        if arena <= lb:
+            stats["solver_status"] = "optimal"
+        elif pieces_info and all(p["status"] == "optimal" for p in pieces_info):
+            stats["solver_status"] = "optimal"
+        elif todo:
+            stats["solver_status"] = "feasible" if arena < best_h else "heuristic"
+        else:
+            stats["solver_status"] = "heuristic"
+    else:
+        stats["solver_status"] = "fits" if arena <= target else "does not fit"
+    if fallback:
+        stats["fallback"] = "; ".join(fallback)
+    return offsets, stats
+
+
+def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minimise, say):
+    out = {}
+    jobs = max(1, int(jobs or 1))
+    if jobs > 1 and len(todo) > 1:
+        # independent pieces in parallel, one process each; a piece gets one core
+        ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
+        q = ctx.Queue()
+        running = {}
+        pending = list(todo)
+        while pending or running:
+            while pending and len(running) < jobs:
+                k = pending.pop(0)
+                sub = [buffers[i] for i in comps[k]]
+                lb = peak_of(sub)
+                p = ctx.Process(target=_piece_worker,
+                                args=(q, k, sub, piece_off[k], target, lb, deadline, minimise),
+                                daemon=True)
+                p.start()
+                running[k] = p
+            try:
+                k, off, info = q.get(timeout=max(deadline - time.perf_counter() + 10.0, 0.5))
+            except Exception:
+                break
+            out[k] = (off, info)
+            p = running.pop(k, None)
+            if p is not None:
+                p.join(timeout=1.0)
+        for k, p in running.items():
+            if p.is_alive():
+                p.terminate()
+            p.join(timeout=1.0)
+            out.setdefault(k, (piece_off[k], _error_info(comps[k], "worker did not report")))
+        for k in pending:
+            out[k] = (piece_off[k], _error_info(comps[k], "no time left"))
+        return out
+    for idx, k in enumerate(todo):
+        sub = [buffers[i] for i in comps[k]]
+        lb = peak_of(sub)
+        left = deadline - time.perf_counter()
+        piece_deadline = time.perf_counter() + max(left / (len(todo) - idx), 0.0)
+        say(f"layout: piece {idx + 1}/{len(todo)}: {len(sub)} buffers, peak live {lb}")
+        try:
+            out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say)
+        except Exception as e:
+            out[k] = (piece_off[k], _error_info(comps[k], f"search failed: {type(e).__name__}: {e}"))
+    return out
+
+
+def _error_info(comp, why):
+    return {"buffers": len(comp), "status": "heuristic", "height": None, "probes": [],
+            "nodes": 0, "error": why}
+
+
+def _piece_worker(q, k, sub, off, target, lb, deadline, minimise):
+    try:
+        res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None)
+        q.put((k, res[0], res[1]))
+    except BaseException as e:
+        q.put((k, off, {"buffers": len(sub), "status": "heuristic", "height": height_of(sub, off),
+                        "probes": [], "nodes": 0,
+                        "error": f"search failed: {type(e).__name__}: {e}",
+                        "trace": traceback.format_exc(limit=3)}))
+
+
+__all__ = ["roam_layout", "default_time_limit", "split_components", "ILP_MAX_BUFFERS"]

@@ -1,0 +1,153 @@
+"""Lower bounds on the peak of every order of a problem: they turn a good order into a proven one.
+
+- `surely_live()`: at v's step a buffer is live in every order when one of its allocators is v
+  or an ancestor and one of its readers is v or a descendant (or it lives to the end); every
+  buffer that entered live is live at the first step, every one living to the end at the last.
+- `step_minimum(v)`: the least live bytes v's step can have in any order, exactly, as a
+  minimum cut. The nodes run before v form a down-set D with anc(v) in D and desc(v) outside;
+  a buffer costs its bytes when an allocator is in D + {v} and a reader outside D (or it lives
+  to the end). In the flow network a node on the source side is in D; edge w -> u (infinite)
+  for every predecessor u of w keeps D down-closed; per buffer, allocators -> y (infinite),
+  y -> z (its bytes), z -> readers (infinite): the bytes are cut exactly when an allocator is
+  before or at v and a reader at or after it. Buffers nobody reads are left out (a bound may
+  undercount). Both bound the peak from below, so peak == bound proves an order optimal."""
+
+from collections import deque
+
+from roam_cli.order.problem import Problem, profile, reachability
+
+INF = float("inf")
+PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
+
+
+def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
+    """The surely-live bound, raised by the exact step minimum of the nodes at `order`'s
+    highest steps (where a proof that the order is optimal must come from)."""
+    anc, desc = reachability(problem)
+    bound = surely_live(problem, anc, desc)
+    if order:
+        steps = profile(problem, order)
+        for step in sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]:
+            if steps[step] <= bound:
+                break
+            bound = max(bound, step_minimum(problem, order[step], anc, desc))
+    return bound
+
+
+def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
+    n = problem.n
+    total = [problem.base] * n
+    everyone = (1 << n) - 1
+    for buf in problem.buffers:
+        after = everyone
+        if buf.alloc:
+            after = 0
+            for a in buf.alloc:
+                after |= desc[a] | 1 << a
+        before = everyone
+        if not buf.to_end:
+            before = 0
+            for r in buf.readers:
+                before |= anc[r] | 1 << r
+        surely = after & before
+        while surely:
+            low = surely & -surely
+            total[low.bit_length() - 1] += buf.bytes
+            surely ^= low
+    entered = sum(b.bytes for b in problem.buffers if not b.alloc)
+    staying = sum(b.bytes for b in problem.buffers if b.to_end)
+    return max(max(total, default=0), problem.base + max(entered, staying))
+
+
+def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> int:
+    n = problem.n
+    source, sink, v_alloc = n, n + 1, n + 2
+    net = Network(n + 3 + 2 * len(problem.buffers))
+    for w in range(n):
+        for u in problem.preds[w]:
+            net.add(w, u, INF)
+        if anc[v] >> w & 1:
+            net.add(source, w, INF)
+        elif w == v or desc[v] >> w & 1:
+            net.add(w, sink, INF)
+    net.add(source, v_alloc, INF)
+    for b, buf in enumerate(problem.buffers):
+        if not buf.readers and not buf.to_end:
+            continue
+        y, z = n + 3 + 2 * b, n + 4 + 2 * b
+        for a in buf.alloc or (source,):
+            net.add(v_alloc if a == v else a, y, INF)
+        net.add(y, z, buf.bytes)
+        if buf.to_end:
+            net.add(z, sink, INF)
+        for r in buf.readers:
+            net.add(z, r, INF)
+    return problem.base + net.max_flow(source, sink)
+
+
+class Network:
+    """Dinic's maximum flow on an adjacency list of edge indices (paired edges e, e ^ 1)."""
+
+    def __init__(self, size: int):
+        self.adj: list[list[int]] = [[] for _ in range(size)]
+        self.head: list[int] = []
+        self.cap: list[float] = []
+
+    def add(self, a: int, b: int, capacity: float) -> None:
+        self.adj[a].append(len(self.head))
+        self.head.append(b)
+        self.cap.append(capacity)
+        self.adj[b].append(len(self.head))
+        self.head.append(a)
+        self.cap.append(0)
+
+    def max_flow(self, source: int, sink: int) -> int:
+        adj, head, cap = self.adj, self.head, self.cap
+        total = 0
+        while True:
+            level = [-1] * len(adj)
+            level[source] = 0
+            queue = deque([source])
+            while queue:
+                a = queue.popleft()
+                for e in adj[a]:
+                    if cap[e] > 0 and level[head[e]] < 0:
+                        level[head[e]] = level[a] + 1
+                        queue.append(head[e])
+            if level[sink] < 0:
+                return int(total)
+            cursor = [0] * len(adj)
+            while True:
+                pushed = self._augment(source, sink, level, cursor)
+                if not pushed:
+                    break
+                total += pushed
+
+    def _augment(self, source: int, sink: int, level: list[int], cursor: list[int]) -> float:
+        """One blocking-flow path found by iterative depth-first search; its bottleneck."""
+        adj, head, cap = self.adj, self.head, self.cap
+        path: list[int] = []  # edges
+        a = source
+        while True:
+            if a == sink:
+                pushed = min(cap[e] for e in path)
+                for e in path:
+                    cap[e] -= pushed
+                    cap[e ^ 1] += pushed
+                return pushed
+            edges = adj[a]
+            while cursor[a] < len(edges):
+                e = edges[cursor[a]]
+                if cap[e] > 0 and level[head[e]] == level[a] + 1:
+                    break
+                cursor[a] += 1
+            else:
+                if not path:
+                    return 0
+                level[a] = -1  # dead end
+                e = path.pop()
+                a = head[e ^ 1]
+                cursor[a] += 1
+                continue
+            path.append(e)
+            a = head[e]

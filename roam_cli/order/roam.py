@@ -1,0 +1,180 @@
+"""ROAM ordering: reduction rules, the best heuristic, then tree-divided exact refinement.
+
+1. `rules.reduce` removes every node an exchange rule places (views, in-place updates, nodes
+   that only allocate), which keeps an optimum and shrinks the problem.
+2. The heuristics run on the reduced problem; the baselines' orders are projected onto it. The
+   best is the reference order. `bounds.lower_bound` bounds every order from below: reaching it
+   ends the search with a proof.
+3. The reference order is cut into a division tree (`divide.split`). Leaves whose steps reach
+   the current peak are solved exactly, identical shapes once (`blocks.canonical`), in parallel
+   (`jobs` processes): exhaustive down-set search first, which proves narrow leaves optimal in
+   milliseconds, then the ILP warm-started from its best for leaves too wide to enumerate.
+   Stitching a leaf's order back changes only its own steps. When every leaf at the peak is
+   optimal within its borders (or out of time), the next level of the tree merges neighbours in
+   pairs, so nodes can cross the old cuts; this repeats up to the root, the bound, or the
+   deadline.
+4. The order is expanded back through the removed nodes."""
+
+import time
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass, field
+
+from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules
+from roam_cli.order.greedy import SCHEDULERS
+from roam_cli.order.problem import Buffer, Problem, peak, profile
+
+LEAF_SIZE = 32
+# A leaf's work is budgeted in solver units, not seconds, so a run gives the same order every
+# time; the seconds only cap a leaf that would overrun the deadline.
+LEAF_STATES = 100_000  # down-sets the exhaustive search may visit (about 1.5 s)
+LEAF_ILP_NODES = 1_000  # branch-and-bound nodes the ILP may explore
+LEAF_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One shape to solve: its canonical problem and the best order known for it."""
+    problem: Problem
+    warm: list[int]
+    seconds: float
+    solver: str
+
+
+@dataclass
+class Stats:
+    reduced_nodes: int = 0
+    removed: dict = field(default_factory=dict)
+    reference: str = ""
+    lower_bound: int = 0
+    levels: int = 0
+    passes: int = 1
+    leaves_solved: int = 0
+    shapes_solved: int = 0
+    shapes_reused: int = 0
+    proven_optimal: bool = False
+    leaf_solvers: dict = field(default_factory=lambda: {"search": 0, "ilp": 0})
+
+
+def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str]:
+    """(order, proven optimal, which solver settled it) for one canonical leaf."""
+    deadline = time.perf_counter() + leaf.seconds
+    bound = bounds.lower_bound(leaf.problem, leaf.warm)
+    found = ideals.solve(leaf.problem, leaf.warm, LEAF_STATES, deadline, bound)
+    if found.optimal or deadline - time.perf_counter() < 1:
+        return found.order, found.optimal, "search"
+    sol = ilp.solve(leaf.problem, found.order, deadline, leaf.solver, bound, LEAF_ILP_NODES)
+    return sol.order, sol.optimal, "ilp"
+
+
+def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1, solver: str = "cbc",
+          progress=None) -> tuple[list[int], Stats]:
+    """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`)."""
+    say = progress or (lambda message: None)
+    stats = Stats()
+    say("roam: applying the reduction rules")
+    red = rules.reduce(problem)
+    rp = red.problem
+    stats.reduced_nodes = rp.n
+    for _, rule, _ in red.removed:
+        stats.removed[rule] = stats.removed.get(rule, 0) + 1
+
+    index = {v: i for i, v in enumerate(red.kept)}
+    candidates = {name: [index[v] for v in ref if v in index] for name, ref in references.items()}
+    for name, scheduler in SCHEDULERS.items():
+        candidates[f"{name} (reduced)"] = scheduler(rp)
+    stats.reference, start = min(candidates.items(), key=lambda kv: (peak(rp, kv[1]), kv[0]))
+    stats.lower_bound = bounds.lower_bound(rp, start)
+    with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
+        search = Search(rp, start, deadline, solver, jobs, pool, stats, say)
+        best = search.run()
+    return red.expand(best), stats
+
+
+class Search:
+    """The division tree walked bottom up, refining the segments that hold the peak."""
+
+    def __init__(self, rp: Problem, start: list[int], deadline: float, solver: str, jobs: int, pool, stats: Stats, say):
+        self.rp, self.current, self.deadline = rp, start, deadline
+        self.solver, self.jobs, self.pool, self.stats, self.say = solver, jobs, pool, stats, say
+        self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
+        self.cut()
+
+    def cut(self) -> None:
+        """A new division tree, cut where the current order's short-lived buffers cross least."""
+        self.segments = divide.split(self.rp.n, divide.crossing_scores(self.rp, self.current, LEAF_SIZE), LEAF_SIZE)
+        self.proven: set[divide.Segment] = set()
+
+    def run(self) -> list[int]:
+        rp, stats = self.rp, self.stats
+        whole = divide.Segment(0, rp.n)
+        pass_peak = peak(rp, self.current)
+        while time.perf_counter() < self.deadline:
+            steps = profile(rp, self.current)
+            top = max(steps, default=0)
+            if top <= stats.lower_bound:
+                break
+            todo = [s for s in self.segments if s not in self.proven and max(steps[s.start:s.stop]) >= top]
+            if todo:
+                self.solve(todo)
+                if peak(rp, self.current) < top:
+                    stats.lower_bound = max(stats.lower_bound, bounds.lower_bound(rp, self.current))
+                    continue
+            # every segment at the peak is optimal within its borders or out of budget: merge
+            # neighbours so nodes can cross the cuts
+            if len(self.segments) > 1:
+                self.segments = divide.parents(self.segments)
+                stats.levels += 1
+                continue
+            # past the root: if this pass lowered the peak, the changed order is cut elsewhere
+            if whole in self.proven or peak(rp, self.current) >= pass_peak:
+                break
+            pass_peak = peak(rp, self.current)
+            self.cut()
+            stats.passes += 1
+        stats.proven_optimal = peak(rp, self.current) <= stats.lower_bound or whole in self.proven
+        return self.current
+
+    def solve(self, todo: list[divide.Segment]) -> None:
+        """Solve the segments' shapes not solved yet (in parallel), then stitch every segment's
+        best order in, left to right, keeping a stitch only when the whole peak does not rise."""
+        placed = []  # (segment, canonical numbering, key)
+        fresh: dict[tuple, list[int]] = {}  # key -> best warm start among the segments of that shape
+        for seg in todo:
+            sub = divide.subproblem(self.rp, self.current, seg)
+            key, numbering = blocks.canonical(sub)
+            placed.append((seg, numbering, key))
+            if key in self.cache:
+                continue
+            renumber = {v: i for i, v in enumerate(numbering)}
+            warm = [renumber[v] for v in range(sub.n)]  # the segment's current order
+            canon = Problem(key[0], tuple(Buffer(*b) for b in key[1]))
+            if key not in fresh or peak(canon, warm) < peak(canon, fresh[key]):
+                fresh[key] = warm
+        self.stats.shapes_reused += len(placed) - len(fresh)
+        per_leaf = min(LEAF_SECONDS, max(1.0, self.deadline - time.perf_counter()))
+        keys = list(fresh)
+        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf, self.solver) for k in keys]
+        parallel = self.pool is not None and len(tasks) > 1
+        for done, (key, (local, optimal, how)) in enumerate(
+                zip(keys, self.pool.map(solve_leaf, tasks) if parallel else map(solve_leaf, tasks)), 1):
+            self.cache[key] = (local, optimal)
+            self.stats.shapes_solved += 1
+            self.stats.leaf_solvers[how] += 1
+            self.report(f"shape {done}/{len(tasks)}")
+        for seg, numbering, key in placed:
+            local, optimal = self.cache[key]
+            candidate = divide.stitch(self.current, seg, [numbering[i] for i in local])
+            if peak(self.rp, candidate) <= peak(self.rp, self.current):
+                self.current = candidate
+            if optimal:
+                self.proven.add(seg)
+            self.stats.leaves_solved += 1
+        self.report("stitched")
+
+    def report(self, doing: str) -> None:
+        s = self.stats
+        left = max(0.0, self.deadline - time.perf_counter())
+        self.say(f"roam: tree level {s.levels} ({len(self.segments)} segments), {doing}; peak "
+                 f"{peak(self.rp, self.current) / 2**20:.2f} MiB, bound {s.lower_bound / 2**20:.2f} MiB; "
+                 f"{s.shapes_solved} shapes solved, {s.shapes_reused} reused; {left:.0f} s left")

@@ -1,0 +1,135 @@
+"""The ordering strategies end to end: the baselines (original, ORT's default order checked
+against ONNX Runtime itself, XLA-style greedy), ilp-global, and roam's guarantees."""
+
+import json
+import random
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+
+from conftest import SAMPLE, roam
+from onnx_builder import model, node, save
+from order_cases import random_graph
+from roam_cli import memory, order
+from roam_cli.onnx_import import import_model
+from roam_cli.order import roam as roam_mod
+from roam_cli.order.greedy import dfs_schedule, list_schedule
+from roam_cli.order.ort import ort_default
+from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak
+
+
+def shape_graph():
+    # a = Relu(x); s = Shape(a); b = Relu(x); c = a + b; d = Sigmoid(c); r = Reshape(d, s)
+    return model([node("Relu", ["x"], ["a"]), node("Shape", ["a"], ["s"]), node("Relu", ["x"], ["b"]),
+                  node("Add", ["a", "b"], ["c"]), node("Sigmoid", ["c"], ["d"]), node("Reshape", ["d", "s"], ["r"])],
+                 [("x", [4, 4])], [("r", [4, 4])])
+
+
+def test_ort_order_is_a_reverse_dfs_with_shape_ops_moved_after_their_input(tmp_path):
+    graph = import_model(save(shape_graph(), tmp_path / "m.onnx")).graph
+    mm = memory.build(graph)
+    # from the leaf r: inputs d (4) then s (1) are pushed, so d's cone is walked first, its
+    # inputs a (0) and b (2) pushed in index order: b, a, c, d, then s, r. Shape moves up to
+    # right after a, its input's producer.
+    assert ort_default(list(mm.preds), [n.op_type for n in graph.nodes]) == [2, 0, 1, 3, 4, 5]
+
+
+def test_ort_order_matches_onnx_runtime_profiling(tmp_path):
+    path = save(shape_graph(), tmp_path / "m.onnx")
+    graph = import_model(path).graph
+    options = ort.SessionOptions()
+    options.enable_profiling = True
+    options.profile_file_prefix = str(tmp_path / "profile")
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
+    session.run(None, {"x": np.ones((4, 4), np.float32)})
+    events = json.loads(open(session.end_profiling()).read())
+    ran = [e["name"].removesuffix("_kernel_time") for e in events if e.get("cat") == "Node"
+           and e["name"].endswith("_kernel_time")]
+    mm = memory.build(graph)
+    assert [graph.nodes[i].name for i in ort_default(list(mm.preds), [n.op_type for n in graph.nodes])] == ran
+
+
+def test_list_scheduler_prefers_nodes_that_free_memory():
+    # 0 makes A (10), read by 1 and 2, which allocate 1 each: neither can free A alone, so the
+    # tie goes to file order
+    problem = Problem(((), (0,), (0,)),
+                      (Buffer(10, (0,), (1, 2)), Buffer(1, (1,), (), True), Buffer(1, (2,), (), True)))
+    assert list_schedule(problem) == [0, 1, 2]
+    problem = Problem(((), (0,), (0,)), (Buffer(10, (0,), (2,)), Buffer(5, (1,), (), True), Buffer(1, (2,), (), True)))
+    assert list_schedule(problem) == [0, 2, 1]  # 2 frees 10 for 1: run it before 1 allocates 5
+
+
+def test_dfs_scheduler_finishes_the_bigger_cone_first():
+    # two independent chains joined at the end: the cone of 1 holds 11 bytes, the cone of 3 101
+    problem = Problem(((), (0,), (), (2,), (1, 3)),
+                      (Buffer(10, (0,), (1,)), Buffer(1, (1,), (4,)), Buffer(100, (2,), (3,)), Buffer(1, (3,), (4,))))
+    assert dfs_schedule(problem) == [2, 3, 0, 1, 4]
+
+
+def test_every_strategy_returns_a_topological_order_and_roam_is_never_worse():
+    graph = import_model(SAMPLE).graph
+    mm = memory.build(graph)
+    ops = [n.op_type for n in graph.nodes]
+    measured = order.baselines(mm, ops)
+    assert list(measured) == ["original", "ort", "greedy"]
+    problem = from_memory_model(mm)
+    for strategy in order.STRATEGIES:
+        found, stats = order.solve(mm, strategy, op_types=ops, time_limit=5, measured=measured)
+        assert is_topological(problem, found), strategy
+        if strategy == "roam":
+            assert order.peak_of(mm, found) <= min(b["peak_live_bytes"] for b in measured.values())
+            assert stats["proven_optimal"] and stats["reduced_nodes"] < mm.num_nodes
+    with pytest.raises(ValueError):
+        order.solve(mm, "alphabetical")
+
+
+def test_roam_never_returns_worse_than_a_baseline_it_was_given():
+    graph = random_graph(random.Random(3), 40)
+    mm = memory.build(graph)
+    ops = [n.op_type for n in graph.nodes]
+    measured = order.baselines(mm, ops)
+    best = min(measured.values(), key=lambda b: b["peak_live_bytes"])
+    found, _ = order.solve(mm, "roam", op_types=ops, time_limit=5, measured=measured)
+    assert order.peak_of(mm, found) <= best["peak_live_bytes"]
+
+
+def test_parallel_leaves_give_the_same_order_as_one_process():
+    graph = random_graph(random.Random(39), 80)
+    problem = from_memory_model(memory.build(graph))
+    messages = []
+    one, stats = roam_mod.order(problem, {}, deadline=float("inf"), jobs=1, progress=messages.append)
+    two, _ = roam_mod.order(problem, {}, deadline=float("inf"), jobs=2)
+    assert stats.leaves_solved > 1 and one == two
+    assert any(m.startswith("roam: tree level 0") for m in messages)
+    assert peak(problem, one) <= min(peak(problem, s(problem)) for s in (list_schedule, dfs_schedule))
+
+
+def test_optimize_records_the_baselines_measured_in_the_same_run(sample_plan):
+    _, _, plan, _ = sample_plan
+    stats = plan["stats"]["order"]
+    assert stats["strategy"] == "roam"
+    assert [b["strategy"] for b in stats["baselines"]] == ["original", "ort", "greedy"]
+    assert plan["peak_live_bytes"] <= min(b["peak_live_bytes"] for b in stats["baselines"])
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_ilp_global_on_the_command_line(tmp_path, solver):
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    path = save(shape_graph(), tmp_path / "m.onnx")
+    r = roam("optimize", path, "-o", tmp_path / "p.json", "--order", "ilp-global", "--solver", solver,
+             "--time-limit", "20", "--jobs", "1", "--json")
+    assert r.code == 0, r.err
+    assert json.loads(r.out)  # stdout is only the JSON summary (HiGHS prints no banner into it)
+    assert json.loads((tmp_path / "p.json").read_text())["stats"]["order"]["status"] == "optimal"
+
+
+def test_bad_order_options_are_refused_in_one_line(tmp_path):
+    path = save(shape_graph(), tmp_path / "m.onnx")
+    for bad, message in ((["--time-limit", "0"], "--time-limit"), (["--jobs", "0"], "--jobs"),
+                         (["--order", "fastest"], "--order")):
+        r = roam("optimize", path, "-o", tmp_path / "q.json", *bad)
+        assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1
+        assert not (tmp_path / "q.json").exists()

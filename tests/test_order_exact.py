@@ -1,0 +1,90 @@
+"""Exactness of ROAM ordering and its exact solvers against brute force on random small graphs
+(<= 10 nodes, random sizes, views, in-place accumulation and declared in-place updates)."""
+
+import random
+
+import pytest
+
+from order_cases import brute_force, cases, topological_orders
+from roam_cli import memory, order
+from roam_cli.order import bounds, ideals, ilp
+from roam_cli.order.problem import (Buffer, Problem, from_memory_model, is_topological, kahn, peak, positions, profile,
+                                    reachability)
+
+CASES = cases(200, seed=2024)
+OPTIMA = [brute_force(mm) for _, mm in CASES]
+
+
+def test_the_cases_cover_views_in_place_updates_and_every_size():
+    assert len(CASES) == 200
+    assert sum(1 for _, mm in CASES if "view" in mm.alias.values()) > 30
+    assert sum(1 for _, mm in CASES if "inplace" in mm.alias.values()) > 30
+    assert sum(1 for _, mm in CASES if mm.extra_deps) > 20
+    assert {len(g.nodes) for g, _ in CASES} == set(range(2, 11))
+
+
+def test_problem_peak_is_the_memory_model_peak():
+    rng = random.Random(7)
+    for _, mm in CASES:
+        problem = from_memory_model(mm)
+        orders = list(topological_orders(list(mm.preds)))
+        for o in rng.sample(orders, min(3, len(orders))):
+            assert peak(problem, o) == memory.peak_live(mm, memory.lifetimes(mm, o))[0]
+
+
+def test_roam_finds_the_brute_force_optimum_on_200_random_graphs():
+    for (graph, mm), best in zip(CASES, OPTIMA):
+        found, stats = order.solve(mm, "roam", op_types=[n.op_type for n in graph.nodes], time_limit=30)
+        assert is_topological(from_memory_model(mm), found)
+        assert order.peak_of(mm, found) == best, [n.name for n in graph.nodes]
+
+
+def test_down_set_search_is_exact_and_proves_it():
+    for (_, mm), best in zip(CASES, OPTIMA):
+        problem = from_memory_model(mm)
+        found = ideals.solve(problem, kahn(problem), max_states=10**6, deadline=float("inf"))
+        assert found.optimal and found.peak == best == peak(problem, found.order)
+        assert is_topological(problem, found.order)
+
+
+@pytest.mark.parametrize("solver", ilp.SOLVERS)
+def test_ilp_is_exact(solver):
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    for (_, mm), best in list(zip(CASES, OPTIMA))[::10]:  # 20 graphs: each solve starts a solver
+        problem = from_memory_model(mm)
+        sol = ilp.solve(problem, kahn(problem), deadline=float("inf"), solver=solver)
+        assert sol.optimal and sol.peak == best == peak(problem, sol.order)
+        assert is_topological(problem, sol.order)
+
+
+def test_ilp_keeps_the_warm_start_when_it_cannot_improve_in_time():
+    _, mm = max(CASES, key=lambda c: len(c[0].nodes))
+    problem = from_memory_model(mm)
+    start = kahn(problem)
+    sol = ilp.solve(problem, start, deadline=0.0)  # already past
+    assert sol.order == start and not sol.optimal
+
+
+def step_live(problem: Problem, o: list[int], v: int) -> int:
+    return profile(problem, o)[positions(o)[v]]
+
+
+def test_lower_bounds_hold_and_the_step_minimum_is_exact():
+    for (_, mm), best in list(zip(CASES, OPTIMA))[::4]:
+        problem = from_memory_model(mm)
+        assert bounds.lower_bound(problem, kahn(problem)) <= best
+        # the step bound leaves out buffers nobody reads; without them it is exact
+        read = Problem(problem.preds, tuple(b for b in problem.buffers if b.readers or b.to_end))
+        anc, desc = reachability(read)
+        orders = list(topological_orders(list(read.preds)))
+        for v in range(read.n):
+            assert bounds.step_minimum(read, v, anc, desc) == min(step_live(read, o, v) for o in orders)
+
+
+def test_a_proven_bound_stops_the_search_at_once():
+    # a chain: one order, so the bound is reached and nothing is searched
+    problem = Problem(((), (0,), (1,)), (Buffer(100, (0,), (1,)), Buffer(50, (1,), (2,))))
+    found = ideals.solve(problem, [0, 1, 2], max_states=1, deadline=float("inf"),
+                         known_bound=bounds.lower_bound(problem, [0, 1, 2]))
+    assert found.optimal and found.states == 0 and found.peak == 150
