@@ -495,6 +495,37 @@ def split_names(values: tuple[str, ...]) -> list[str]:
     return [name for v in values for name in v.split(",") if name]
 
 
+@cli.command("layout-csv")
+@click.argument("csv_in", metavar="IN.csv", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "csv_out", required=True, type=click.Path(path_type=Path),
+              help="CSV to write: the input rows plus an offset column.")
+@click.option("--capacity", type=int, default=None, help="Arena size to fit in; exit 1 when it cannot be met.")
+@click.option("--time-limit", type=float, default=None, help="Seconds the layout solver may use.")
+@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.pass_obj
+def layout_csv(obj, csv_in, csv_out, capacity, time_limit, jobs):
+    """Place the buffers of a minimalloc CSV (id,lower,upper,size; lifetimes [lower, upper)).
+
+    \b
+    Example:
+      roam layout-csv ../shared/bench/minimalloc-challenging/A.1048576.csv -o A.out.csv --capacity 1048576
+    """
+    from roam_cli.layout.csv_io import read_csv, write_csv
+
+    check_output_path(csv_out, [csv_in])
+    try:
+        ids, buffers = read_csv(csv_in)
+    except (OSError, ValueError) as e:
+        raise RoamError(str(e).splitlines()[0] if str(e) else f"cannot read {csv_in}") from None
+    placed = layout.place(buffers, "roam", time_limit=time_limit, jobs=jobs, capacity=capacity)
+    write_csv(csv_out, ids, buffers, placed.offsets)
+    if not obj["quiet"]:
+        out.print(f"height {placed.arena} (peak live {placed.stats['lower_bound']}, {len(buffers)} buffers)",
+                  soft_wrap=True)
+    if capacity is not None and not placed.stats["fits"]:
+        raise CheckFailed(f"capacity {capacity} not met: height {placed.arena}")
+
+
 @cli.command("make-training-graph")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),

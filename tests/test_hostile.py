@@ -22,13 +22,17 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import SAMPLE
+from conftest import ROOT, SAMPLE
 from onnx_builder import model, node
 from random_graphs import training_graphs
+from roam_cli import pipeline
 from roam_cli.cli import main
 from roam_cli.errors import RoamError
 from roam_cli.onnx_import import import_model
 from roam_cli.verify import verify
+
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from chain100k import chain, measure  # noqa: E402
 
 F = TensorProto.FLOAT
 
@@ -328,6 +332,27 @@ def test_verify_on_a_corrupted_plan_exits_0_1_or_2_with_one_line(planned, tmp_pa
     plan_path.write_text(json.dumps(plan))
     code, stderr = main_in_process(["verify", str(path), str(plan_path)])
     assert code in (0, 1, 2) and stderr.count("\n") == (code != 0), (code, stderr)
+
+
+def test_a_10000_node_chain_plans_and_verifies(tmp_path):
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(chain(10_000).SerializeToString())
+    result = pipeline.run(path, tmp_path / "plan.json", pipeline.Options(order="original", layout="first-fit"))
+    verify(result.imported.graph, result.imported.sha256, result.plan)
+    assert result.plan["arena_bytes"] == 2 * 256  # a Relu's input and output, 64 floats each
+
+
+@pytest.mark.slow
+def test_a_100000_node_chain_plans_in_bounded_memory(tmp_path):
+    """benchmarks/chain100k.py has the figures; this holds the bound the docs state."""
+    path = tmp_path / "chain.onnx"
+    path.write_bytes(chain(100_000).SerializeToString())
+    code, _, rss, stderr = measure([sys.executable, "-m", "roam_cli", "-q", "optimize", str(path), "-o",
+                                    str(tmp_path / "plan.json"), "--order", "original", "--layout", "first-fit"])
+    assert code == 0, stderr
+    assert rss < 2 * 2**30
+    imported = import_model(path)
+    verify(imported.graph, imported.sha256, json.loads((tmp_path / "plan.json").read_text()))
 
 
 def test_sequence_seen_only_by_onnx_runtime_is_refused(tmp_path):

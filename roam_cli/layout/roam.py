@@ -190,25 +190,17 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say):
             h = height_of(sub, off)
             if h < best_h:
                 best_off, best_h = off, h
-            if not minimise:
-                break
         elif status == "infeasible":
             proven_lo = max(proven_lo, goal + 1)
-            if not minimise:
-                break
-        else:
-            if not minimise:
-                break
         if not minimise:
-            break
-        # bisection between what is proven/assumed impossible and the incumbent
+            break  # a decision: one probe at the capacity
+        # bisection between the smallest height not yet ruled out and the incumbent (a probe
+        # that ran out of time rules its target out too -- without proof)
         if status != "solved":
             lo = goal + 1
         if lo >= best_h:
             break
         goal = (lo + best_h - 1) // 2
-        if goal < lo:
-            break
     if best_h <= lb:
         status_final = "optimal"
     elif proven_lo >= best_h:

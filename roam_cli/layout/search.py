@@ -60,6 +60,7 @@ every minimum without bookkeeping; undo information is one short list per placem
 
 from __future__ import annotations
 
+import heapq
 import random
 import sys
 import time
@@ -115,7 +116,6 @@ def overlaps_of(lowers: Sequence[int], uppers: Sequence[int]) -> list[list[int]]
     order = sorted(range(n), key=lowers.__getitem__)
     ovl: list[list[int]] = [[] for _ in range(n)]
     active: list[int] = []
-    import heapq
     ends: list[tuple[int, int]] = []
     alive = [False] * n
     for i in order:

@@ -15,8 +15,11 @@ constraint holds whole windows: the model of a 317-node graph was 1.3 GB of MPS)
 Byte counts are divided by their common divisor so the solver sees small integers. `solve()`
 starts from a warm start (the solver's first incumbent), so it never returns a worse order;
 `reach()` starts cold and stops at the first order whose peak is at most a target, which is how
-the benchmark times the global ILP against ROAM."""
+the benchmark times the global ILP against ROAM. PuLP builds the model and writes it as MPS;
+CBC (bundled with PuLP) or HiGHS (highspy) solves it in a child process that is stopped at the
+deadline, because neither checks its time limit often enough on large models."""
 
+import importlib.util
 import math
 import os
 import signal
@@ -24,7 +27,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import pulp
@@ -33,7 +35,7 @@ from roam_cli.errors import RoamError
 from roam_cli.order.problem import Problem, is_topological, peak, positions, reachability, spans
 
 SOLVERS = ("cbc", "highs")
-MAX_VARIABLES = 1_000_000  # beyond this the model alone takes gigabytes: report it as too large
+MAX_VARIABLES = 500_000  # beyond this the model alone takes gigabytes: report it as too large
 GRACE = 2.0  # seconds CBC gets to write its incumbent after it is told to stop
 
 
@@ -146,11 +148,7 @@ class Model:
 
     def run(self, deadline: float, solver: str, warm: bool, max_nodes: int | None = None) -> list[int] | None:
         """Solve until `deadline` or `max_nodes` branch-and-bound nodes; the order found, or None."""
-        if solver == "cbc":
-            solve_with_cbc(self.lp, deadline, warm, max_nodes)
-        else:
-            with native_stdout_silenced():
-                self.lp.solve(highs(deadline, max_nodes))
+        (solve_with_cbc if solver == "cbc" else solve_with_highs)(self.lp, deadline, warm, max_nodes)
         if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
             return None
         n = self.problem.n
@@ -203,11 +201,10 @@ def reach(problem: Problem, target: int, deadline: float, solver: str = "cbc") -
 
 
 def solve_with_cbc(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: int | None) -> None:
-    """PuLP's CBC call with a watchdog. CBC checks its own time limit only now and then (a 30 s
-    limit ran for 10 minutes on a 23,000-variable model), so at the deadline it gets SIGINT,
-    which makes it stop and write its incumbent, and SIGKILL if it does not within GRACE."""
+    """CBC, as bundled with PuLP, on PuLP's MPS file. CBC checks its own time limit only now and
+    then (a 30 s limit ran for 10 minutes on a 23,000-variable model): see `watch`."""
     cbc = pulp.PULP_CBC_CMD(msg=False)
-    with tempfile.TemporaryDirectory(prefix="roam-cbc-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="roam-ilp-") as tmp:
         mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm.mst", "model.sol"))
         variables, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
         args = [cbc.path, mps]
@@ -220,16 +217,7 @@ def solve_with_cbc(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: i
             args += ["-maxNodes", str(max_nodes)]
         args += ["-ratio", "0", "-allow", "0", "-threads", "1", "-randomSeed", "1", "-randomCbcSeed", "1",
                  "-solve", "-printingOptions", "all", "-solution", sol]
-        proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        try:
-            proc.wait(timeout=max(deadline - time.perf_counter(), 0) if math.isfinite(deadline) else None)
-        except subprocess.TimeoutExpired:
-            proc.send_signal(signal.SIGINT)
-            try:
-                proc.wait(timeout=GRACE)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        watch(args, deadline)
         if not os.path.exists(sol):
             lp.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
             return
@@ -238,35 +226,43 @@ def solve_with_cbc(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: i
         lp.assignStatus(status, sol_status)
 
 
-def highs(deadline: float, max_nodes: int | None) -> pulp.HiGHS:
-    """HiGHS through PuLP. Its own time limit would start only after PuLP has copied the model
-    in, row by row in Python, so a callback interrupts it at the deadline instead."""
-    import highspy
+def solve_with_highs(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: int | None) -> None:
+    """HiGHS (highspy) on PuLP's MPS file, in a child process (`highs_run`) under `watch`."""
+    with tempfile.TemporaryDirectory(prefix="roam-ilp-") as tmp:
+        mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm.txt", "model.sol"))
+        variables, _, _, _ = lp.writeMPS(mps, rename=1)
+        if warm:
+            with open(start, "w") as f:
+                f.write("\n".join(repr(v.value() or 0) for v in variables))
+        limit = max(1.0, deadline - time.perf_counter()) if math.isfinite(deadline) else "inf"
+        watch([sys.executable, "-m", "roam_cli.order.highs_run", mps, start if warm else "-", sol, str(limit),
+               str(max_nodes) if max_nodes is not None else "-"], deadline)
+        if not os.path.exists(sol):
+            lp.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
+            return
+        status, *values = open(sol).read().split()
+        for v, value in zip(variables, values):
+            v.varValue = float(value)
+        lp.assignStatus(pulp.LpStatusOptimal, pulp.LpSolutionOptimal if status == "optimal"
+                        else pulp.LpSolutionIntegerFeasible)
 
-    def interrupt(kind, message, data_out, data_in, deadline):
-        if time.perf_counter() > deadline:
-            data_in.user_interrupt = True
 
-    kinds = [highspy.cb.HighsCallbackType.kCallbackSimplexInterrupt, highspy.cb.HighsCallbackType.kCallbackMipInterrupt]
-    return pulp.HiGHS(msg=False, gapRel=0, threads=1, callbackTuple=(interrupt, deadline), callbacksToActivate=kinds,
-                      **({"mip_max_nodes": max_nodes} if max_nodes is not None else {}))
-
-
-@contextmanager
-def native_stdout_silenced():
-    """HiGHS prints a banner from C++ before any option can turn it off; stdout may be JSON."""
-    sys.stdout.flush()
-    saved, devnull = os.dup(1), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 1)
+def watch(args: list[str], deadline: float) -> None:
+    """Run a solver process until `deadline`; then SIGINT, which makes CBC stop and write its
+    incumbent, and SIGKILL if it has not exited within GRACE."""
+    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        yield
-    finally:
-        os.dup2(saved, 1)
-        os.close(saved)
-        os.close(devnull)
+        proc.wait(timeout=max(deadline - time.perf_counter(), 0) if math.isfinite(deadline) else None)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=GRACE)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def check_solver(name: str) -> None:
     """Fail early, before any work, when the chosen MILP solver is not installed."""
-    if name == "highs" and not pulp.HiGHS().available():
+    if name == "highs" and importlib.util.find_spec("highspy") is None:
         raise RoamError("--solver highs needs the highspy package: pip install highspy")

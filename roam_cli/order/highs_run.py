@@ -1,0 +1,37 @@
+"""HiGHS on an MPS file, in a process of its own so that the caller can stop it at its deadline
+(HiGHS's cut separation checks neither its time limit nor its interrupt callback for a minute
+on some ordering models). Written by `ilp.solve_with_highs`, which reads SOLUTION back:
+
+    python -m roam_cli.order.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
+
+START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
+"feasible" on its first line and the column values after, or is not written at all."""
+
+import sys
+
+import highspy
+
+
+def main(model: str, start: str, solution: str, time_limit: str, max_nodes: str) -> None:
+    h = highspy.Highs()
+    h.setOptionValue("output_flag", False)
+    h.readModel(model)
+    for option, value in (("time_limit", float(time_limit)), ("threads", 1), ("mip_rel_gap", 0.0),
+                          ("mip_abs_gap", 0.0), ("random_seed", 1)):
+        h.setOptionValue(option, value)
+    if max_nodes != "-":
+        h.setOptionValue("mip_max_nodes", int(max_nodes))
+    if start != "-":
+        warm = highspy.HighsSolution()
+        warm.col_value = [float(x) for x in open(start).read().split()]
+        h.setSolution(warm)
+    h.run()
+    if h.getInfo().primal_solution_status != 2:  # no feasible solution
+        return
+    status = "optimal" if h.getModelStatus() == highspy.HighsModelStatus.kOptimal else "feasible"
+    with open(solution, "w") as f:
+        f.write(status + "\n" + "\n".join(repr(x) for x in h.getSolution().col_value) + "\n")
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:])
