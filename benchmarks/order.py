@@ -82,9 +82,9 @@ def table(rows: list[dict], reach: float | None) -> str:
         cells = [r["graph"], str(r["nodes"]), str(roam["reduced_nodes"])]
         for s in strategies:
             mark = "" if s != "ilp-global" or r["ilp-global"]["status"] in ("optimal", "improved") else "*"
-            cells.append(f"{r['peak'][s] / MIB:.2f}{mark}")
+            cells.append(f"{r['peak'][s] / MIB:.3f}{mark}")
         cells += [f"{1 - r['peak']['roam'] / r['peak']['original']:.1%}" if r["peak"]["original"] else "0.0%",
-                  f"{roam['lower_bound_bytes'] / MIB:.2f}", "yes" if roam["proven_optimal"] else "no"]
+                  f"{roam['lower_bound_bytes'] / MIB:.3f}", "yes" if roam["proven_optimal"] else "no"]
         cells += [f"{r['seconds'][s]:.2f}" for s in strategies]
         if reach is not None:
             t = r.get("reach_seconds")

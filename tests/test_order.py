@@ -13,10 +13,10 @@ from onnx_builder import model, node, save
 from order_cases import random_graph
 from roam_cli import memory, order
 from roam_cli.onnx_import import import_model
-from roam_cli.order import roam as roam_mod
+from roam_cli.order import bounds, roam as roam_mod
 from roam_cli.order.greedy import dfs_schedule, list_schedule
 from roam_cli.order.ort import ort_default
-from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak
+from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak, reachability
 
 
 def shape_graph():
@@ -66,6 +66,17 @@ def test_dfs_scheduler_finishes_the_bigger_cone_first():
     problem = Problem(((), (0,), (), (2,), (1, 3)),
                       (Buffer(10, (0,), (1,)), Buffer(1, (1,), (4,)), Buffer(100, (2,), (3,)), Buffer(1, (3,), (4,))))
     assert dfs_schedule(problem) == [2, 3, 0, 1, 4]
+
+
+def test_repair_gives_the_peak_step_its_least_bytes():
+    # x (10) is read by s and c; s turns it into a 1-byte shape for d; a (100) is read by c. The
+    # list scheduler runs s early (it allocates least) and carries S through c's step.
+    problem = Problem(((), (0,), (), (0, 2), (1, 3)),
+                      (Buffer(10, (0,), (1, 3)), Buffer(1, (1,), (4,)), Buffer(100, (2,), (3,)), Buffer(1, (3,), (4,))))
+    assert list_schedule(problem) == [0, 1, 2, 3, 4] and peak(problem, [0, 1, 2, 3, 4]) == 112
+    anc, desc = reachability(problem)
+    assert roam_mod.repair(problem, [0, 1, 2, 3, 4], anc, desc) == ([0, 2, 3, 1, 4], 1)
+    assert peak(problem, [0, 2, 3, 1, 4]) == 111 == bounds.lower_bound(problem, [0, 2, 3, 1, 4])
 
 
 def test_every_strategy_returns_a_topological_order_and_roam_is_never_worse():

@@ -17,8 +17,10 @@ from roam_cli import layout, order, pipeline
 from roam_cli import plan as plan_io
 from roam_cli.verify import Violation, verify
 
-# Solver strategies get a small budget per plan: the property is validity, not optimality.
-TIME_LIMIT = 2.0
+# Solver strategies get a small budget per plan: the property is validity, not optimality. The
+# ordering gets half of it, and the ordering ILP does not start CBC with under a second left: any
+# less and the ILP strategies would hand back their warm starts untested.
+TIME_LIMIT = 4.0
 CI = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow], print_blob=True)
 
 
@@ -61,7 +63,7 @@ def check_layouts(buffers: list[tuple[int, int, int]], time_limit: float = TIME_
     return seconds
 
 
-@settings(CI, max_examples=150)
+@settings(CI, max_examples=50)
 @given(training_graphs())
 def test_every_strategy_plans_random_graphs_validly(model):
     check_plans(model)

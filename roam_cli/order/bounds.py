@@ -60,6 +60,11 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
 
 
 def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> int:
+    return best_prefix(problem, v, anc, desc)[0]
+
+
+def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tuple[int, list[int]]:
+    """(the least live bytes of v's step in any order, the nodes that run before v there)."""
     n = problem.n
     source, sink, v_alloc = n, n + 1, n + 2
     net = Network(n + 3 + 2 * len(problem.buffers))
@@ -82,7 +87,9 @@ def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> i
             net.add(z, sink, INF)
         for r in buf.readers:
             net.add(z, r, INF)
-    return problem.base + net.max_flow(source, sink)
+    flow = net.max_flow(source, sink)
+    before = net.reachable(source)
+    return problem.base + flow, [w for w in range(n) if before[w]]
 
 
 class Network:
@@ -122,6 +129,19 @@ class Network:
                 if not pushed:
                     break
                 total += pushed
+
+    def reachable(self, source: int) -> list[bool]:
+        """The source side of a minimum cut, once max_flow has run: what the residual reaches."""
+        seen = [False] * len(self.adj)
+        seen[source] = True
+        stack = [source]
+        while stack:
+            a = stack.pop()
+            for e in self.adj[a]:
+                if self.cap[e] > 0 and not seen[self.head[e]]:
+                    seen[self.head[e]] = True
+                    stack.append(self.head[e])
+        return seen
 
     def _augment(self, source: int, sink: int, level: list[int], cursor: list[int]) -> float:
         """One blocking-flow path found by iterative depth-first search; its bottleneck."""

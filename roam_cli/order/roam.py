@@ -2,9 +2,10 @@
 
 1. `rules.reduce` removes every node an exchange rule places (views, in-place updates, nodes
    that only allocate), which keeps an optimum and shrinks the problem.
-2. The heuristics run on the reduced problem; the baselines' orders are projected onto it. The
-   best is the reference order. `bounds.lower_bound` bounds every order from below: reaching it
-   ends the search with a proof.
+2. The heuristics run on the reduced problem; the baselines' orders are projected onto it. Each
+   is repaired (`repair`: the peak step gets the least live bytes any order can give it, when
+   that lowers the peak) and the best is the reference order. `bounds.lower_bound` bounds every
+   order from below: reaching it ends the search with a proof.
 3. The reference order is cut into a division tree (`divide.split`). Leaves whose steps reach
    the current peak are solved exactly, identical shapes once (`blocks.canonical`), in parallel
    (`jobs` processes): exhaustive down-set search first, which proves narrow leaves optimal in
@@ -22,7 +23,7 @@ from dataclasses import dataclass, field
 
 from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules
 from roam_cli.order.greedy import SCHEDULERS
-from roam_cli.order.problem import Buffer, Problem, peak, profile
+from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
 
 LEAF_SIZE = 32
 # A leaf's work is budgeted in solver units, not seconds, so a run gives the same order every
@@ -49,6 +50,7 @@ class Stats:
     lower_bound: int = 0
     levels: int = 0
     passes: int = 1
+    repairs: int = 0
     leaves_solved: int = 0
     shapes_solved: int = 0
     shapes_reused: int = 0
@@ -67,6 +69,23 @@ def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str]:
     return sol.order, sol.optimal, "ilp"
 
 
+def repair(rp: Problem, order_: list[int], anc: list[int], desc: list[int]) -> tuple[list[int], int]:
+    """Give the peak step the least live bytes it can have: its node runs right after the
+    smallest set of nodes that achieves the step minimum (`bounds.best_prefix`), in their current
+    order, and everything else after it; repeated while the whole peak drops. Returns the order
+    and how many moves were kept."""
+    moves = 0
+    while order_:
+        steps = profile(rp, order_)
+        v = order_[steps.index(max(steps))]
+        first = set(bounds.best_prefix(rp, v, anc, desc)[1])
+        candidate = [w for w in order_ if w in first] + [v] + [w for w in order_ if w not in first and w != v]
+        if peak(rp, candidate) >= max(steps):
+            break
+        order_, moves = candidate, moves + 1
+    return order_, moves
+
+
 def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1, solver: str = "cbc",
           progress=None) -> tuple[list[int], Stats]:
     """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`)."""
@@ -83,10 +102,13 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     candidates = {name: [index[v] for v in ref if v in index] for name, ref in references.items()}
     for name, scheduler in SCHEDULERS.items():
         candidates[f"{name} (reduced)"] = scheduler(rp)
-    stats.reference, start = min(candidates.items(), key=lambda kv: (peak(rp, kv[1]), kv[0]))
+    anc, desc = reachability(rp)
+    repaired = {name: repair(rp, c, anc, desc) for name, c in candidates.items()}
+    stats.reference = min(repaired, key=lambda name: (peak(rp, repaired[name][0]), name))
+    start, stats.repairs = repaired[stats.reference]
     stats.lower_bound = bounds.lower_bound(rp, start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, start, deadline, solver, jobs, pool, stats, say)
+        search = Search(rp, (anc, desc), start, deadline, solver, jobs, pool, stats, say)
         best = search.run()
     return red.expand(best), stats
 
@@ -94,8 +116,9 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
 class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
-    def __init__(self, rp: Problem, start: list[int], deadline: float, solver: str, jobs: int, pool, stats: Stats, say):
-        self.rp, self.current, self.deadline = rp, start, deadline
+    def __init__(self, rp: Problem, reach: tuple[list[int], list[int]], start: list[int], deadline: float,
+                 solver: str, jobs: int, pool, stats: Stats, say):
+        self.rp, (self.anc, self.desc), self.current, self.deadline = rp, reach, start, deadline
         self.solver, self.jobs, self.pool, self.stats, self.say = solver, jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
@@ -114,6 +137,8 @@ class Search:
             top = max(steps, default=0)
             if top <= stats.lower_bound:
                 break
+            if self.repair():
+                continue
             todo = [s for s in self.segments if s not in self.proven and max(steps[s.start:s.stop]) >= top]
             if todo:
                 self.solve(todo)
@@ -134,6 +159,16 @@ class Search:
             stats.passes += 1
         stats.proven_optimal = peak(rp, self.current) <= stats.lower_bound or whole in self.proven
         return self.current
+
+    def repair(self) -> bool:
+        improved, moves = repair(self.rp, self.current, self.anc, self.desc)
+        if not moves:
+            return False
+        self.current = improved
+        self.stats.repairs += moves
+        self.stats.lower_bound = max(self.stats.lower_bound, bounds.lower_bound(self.rp, self.current))
+        self.cut()  # the order moved across the old cuts
+        return True
 
     def solve(self, todo: list[divide.Segment]) -> None:
         """Solve the segments' shapes not solved yet (in parallel), then stitch every segment's
