@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, annotate, budget as budget_mod, layout, order, pipeline, plan as plan_io, \
+from roam_cli import __version__, annotate, budget as budget_mod, layout, milp, order, pipeline, plan as plan_io, \
     report as report_mod, training_graph
 from roam_cli.errors import CheckFailed, RoamError
 from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
@@ -105,8 +105,8 @@ def cli(ctx, quiet, verbose):
 @click.option("--alignment", default=256, show_default=True, type=int, help="Round every tensor up to this many bytes.")
 @click.option("--order", "order_strategy", default=order.STRATEGIES[0], show_default=True,
               type=click.Choice(order.STRATEGIES), help="Ordering strategy; roam never does worse than the others.")
-@click.option("--solver", type=click.Choice(order.ilp.SOLVERS), default="cbc", show_default=True,
-              help="MILP solver for the ordering ILP (highs needs the highspy package).")
+@click.option("--solver", type=click.Choice(milp.SOLVERS), default="cbc", show_default=True,
+              help="MILP solver for the ordering and layout ILPs (highs needs the highspy package).")
 @click.option("--layout", "layout_strategy", default=None, type=click.Choice(layout.STRATEGIES),
               help=f"Layout strategy [default: {layout.STRATEGIES[0]}].")
 @click.option("--shapes-from-run", is_flag=True, help="Run the graph once in ONNX Runtime to learn shapes static inference cannot.")
@@ -137,7 +137,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         raise RoamError(f"--time-limit must be a positive number of seconds, got {time_limit}")
     if jobs < 1:
         raise RoamError(f"--jobs must be at least 1, got {jobs}")
-    order.ilp.check_solver(solver)
+    milp.check_solver(solver)
     if plot_dir is not None:
         from roam_cli import plot
 

@@ -19,7 +19,7 @@ class Options:
     loss: str | None = None
     time_limit: float | None = None
     jobs: int = 1
-    solver: str = "cbc"  # MILP solver of the ordering ILP: cbc | highs
+    solver: str = "cbc"  # MILP solver of the ordering and layout ILPs: cbc | highs
     reproducible: bool = False  # leave wall-clock figures out of the plan (byte-identical reruns)
 
 
@@ -66,7 +66,7 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> R
     say(f"placing {len(mm.storages)} tensors ({options.layout})")
     layout_limit = max(options.time_limit - seconds["order"], 0.0) if options.time_limit is not None else None
     placed = layout.place(layout_buffers(mm, chosen_order), options.layout, time_limit=layout_limit,
-                          jobs=options.jobs)
+                          jobs=options.jobs, solver=options.solver)
     seconds["layout"] = time.perf_counter() - t
 
     # What eager PyTorch would need, for the report to compare with: the original order through

@@ -119,7 +119,7 @@ def read(path: str | os.PathLike) -> dict:
         raise RoamError(f"{path}: no such plan file")
     try:
         plan = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep
         raise RoamError(f"{path}: not a JSON plan ({str(e).splitlines()[0][:120]})") from None
     if not isinstance(plan, dict) or plan.get("format") != FORMAT:
         raise RoamError(f"{path}: not a roam plan (format is not {FORMAT!r})")

@@ -156,12 +156,15 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "largest_at_peak": [{k: t[k] for k in ("name", "kind", "bytes", "first_step", "last_step")}
                             for t in at_peak[:top]],
         "seconds": plan["stats"].get("seconds", {}),
+        "fallbacks": [f"{phase}: {plan['stats'][phase]['fallback']}" for phase in ("order", "layout")
+                      if plan["stats"][phase].get("fallback")],
     }
     if budget is not None:
         summary["budget"] = budget
     return summary
 
 
+FALLBACK_NOTE = "fell back (the plan is valid, perhaps not the best) — "
 DATA_INPUT_NOTE = ("data inputs (token ids, labels, images) are supplied by the caller and live the whole step: "
                    "counted as persistent, outside the arena.")
 
@@ -242,12 +245,15 @@ def render_table(s: dict, console: Console) -> None:
     if "budget" in s:
         style = "green" if s["budget"]["fits"] else "bold red"
         console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
+    for line in s["fallbacks"]:
+        console.print(f"[yellow]{FALLBACK_NOTE}{line}[/yellow]", highlight=False)
 
     strategies = Table(title="strategies measured in this run", title_justify="left", box=box.SIMPLE_HEAD,
-                       show_edge=False, pad_edge=False)
-    for col in STRATEGY_COLUMNS:
+                       show_edge=False, pad_edge=False, padding=(0, 1, 0, 0))
+    for col in STRATEGY_COLUMNS:  # the figures never wrap: the strategy names do, at a narrow terminal
         left = col in ("order", "layout")
-        strategies.add_column(col, justify="left" if left else "right", no_wrap=left)
+        strategies.add_column(col, justify="left" if left else "right", no_wrap=not left,
+                              overflow="fold" if left else "ellipsis")
     for r in s["strategies"]:
         strategies.add_row(*strategy_cells(r))
     console.print(strategies)
@@ -284,6 +290,7 @@ def render_markdown(s: dict) -> str:
              markdown_table(("", "value"), [(f"**{k}**", v) for k, v in headline(s)], {1})]
     if "budget" in s:
         parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
+    parts += [f"\n⚠️ {FALLBACK_NOTE}{line}" for line in s["fallbacks"]]
     parts += ["", "### Strategies measured in this run", "",
               strategy_note(s["strategies"]).replace("* =", "`*` ="), "",
               markdown_table([c.replace("\n", " ") for c in STRATEGY_COLUMNS], map(strategy_cells, s["strategies"]),

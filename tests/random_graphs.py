@@ -42,11 +42,10 @@ class Builder:
         self.count += 1
         return f"{prefix}{self.count}"
 
-    def add_input(self, name, dtype, shape, readable=True):
+    def add_input(self, name, dtype, shape):
         self.inputs.append(helper.make_tensor_value_info(name, dtype, shape))
         self.types[name] = (dtype, shape)
-        if readable:
-            self.pool.append(name)
+        self.pool.append(name)
 
     def int64_constant(self, values) -> str:
         name = self.fresh("c")
@@ -137,9 +136,10 @@ def training_graphs(draw, max_nodes: int = 20) -> onnx.ModelProto:
         elif op == "accumulate" and buffers:
             buf = buffers.pop(draw(st.integers(0, len(buffers) - 1)))
             b.pool = [t for t in b.pool if base.get(t, t) != buf]
-            operand = draw(st.sampled_from([t for t in b.pool if b.types[t] == b.types[buf]] or [b.pool[0]]))
-            if b.types[operand] != b.types[buf]:
+            same_type = [t for t in b.pool if b.types[t] == b.types[buf]]
+            if not same_type:
                 continue
+            operand = draw(st.sampled_from(same_type))
             flag, _ = b.add("InPlaceAccumulatorV2", [buf, operand], [(TensorProto.BOOL, (1,)), b.types[buf]], name,
                             domain="com.microsoft")
             b.pool.remove(flag)  # a bool: the float ops above cannot read it

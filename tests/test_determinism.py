@@ -43,11 +43,7 @@ def test_every_strategy_gives_the_same_bytes_twice(tmp_path, order_strategy):
         assert json.loads(first)["stats"]["reproducible"] is True
 
 
-RACE = ("layout/roam.py decide(): with jobs > 1 the first worker to report wins, so the offsets depend on "
-        "process scheduling (remove this mark when fixed)")
-
-
-@pytest.mark.parametrize("jobs", [1, pytest.param(2, marks=pytest.mark.xfail(strict=False, reason=RACE))])
+@pytest.mark.parametrize("jobs", [1, 2])
 def test_cli_reproducible_plans_and_annotated_models_are_byte_identical(tmp_path, jobs):
     with ThreadPoolExecutor(max_workers=2) as pool:  # side by side, as a loaded CI machine runs them
         codes = list(pool.map(lambda k: roam("optimize", SAMPLE, "-o", tmp_path / f"p{k}.json", "--annotated-model",
@@ -79,7 +75,6 @@ def random_buffers(seed: int, count: int = 80) -> list[tuple[int, int, int]]:
     return out
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=RACE)
 def test_parallel_layout_does_not_depend_on_which_worker_finishes_first(monkeypatch):
     """Slow down one worker, then the other: the layout must not change. (The portfolio deals its
     rankings round-robin to the workers, so slowing the even-numbered rankings slows worker 0.)"""

@@ -355,6 +355,13 @@ def test_a_100000_node_chain_plans_in_bounded_memory(tmp_path):
     verify(imported.graph, imported.sha256, json.loads((tmp_path / "plan.json").read_text()))
 
 
+def test_a_plan_file_nested_too_deep_is_refused_in_one_line(planned, tmp_path):
+    (tmp_path / "deep.json").write_text("[" * 100_000 + "]" * 100_000)
+    for argv in (["report", str(tmp_path / "deep.json")], ["verify", str(planned[0]), str(tmp_path / "deep.json")]):
+        code, stderr = main_in_process(argv)
+        assert code == 2 and "not a JSON plan" in stderr and stderr.count("\n") == 1, stderr
+
+
 def test_sequence_seen_only_by_onnx_runtime_is_refused(tmp_path):
     """--shapes-from-run refuses a value ONNX Runtime returns as a list rather than an array."""
     from roam_cli.shapes import shapes_from_run

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from order_cases import brute_force, cases, topological_orders
-from roam_cli import memory, order
+from roam_cli import memory, milp, order
 from roam_cli.order import bounds, ideals, ilp
 from roam_cli.order.problem import (Buffer, Problem, from_memory_model, is_topological, kahn, peak, positions, profile,
                                     reachability)
@@ -47,7 +47,7 @@ def test_down_set_search_is_exact_and_proves_it():
         assert is_topological(problem, found.order)
 
 
-@pytest.mark.parametrize("solver", ilp.SOLVERS)
+@pytest.mark.parametrize("solver", milp.SOLVERS)
 def test_ilp_is_exact(solver):
     if solver == "highs":
         pytest.importorskip("highspy")

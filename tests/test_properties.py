@@ -63,13 +63,13 @@ def check_layouts(buffers: list[tuple[int, int, int]], time_limit: float = TIME_
     return seconds
 
 
-@settings(CI, max_examples=50)
+@settings(CI, max_examples=30)
 @given(training_graphs())
 def test_every_strategy_plans_random_graphs_validly(model):
     check_plans(model)
 
 
-@settings(CI, max_examples=300)
+@settings(CI, max_examples=200)
 @given(buffer_sets())
 def test_layouts_never_overlap_and_stay_in_the_arena(buffers):
     check_layouts(buffers)

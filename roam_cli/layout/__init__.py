@@ -78,13 +78,14 @@ def arena_of(buffers: Sequence[tuple[int, int, int]], offsets: Sequence[int]) ->
 
 def place(buffers: Sequence[tuple[int, int, int]], strategy: str = "roam", *,
           time_limit: float | None = None, jobs: int = 1, capacity: int | None = None,
-          progress=None) -> Layout:
+          progress=None, solver: str = "cbc") -> Layout:
     """Offsets for ``buffers`` with ``strategy``.
 
     ``time_limit`` (seconds) bounds the ``roam`` search (default: a few seconds, growing with
     the instance); ``jobs`` is the number of processes it may use; ``capacity`` turns ``roam``
     into a decision problem (stop as soon as the layout fits) and adds ``stats["fits"]`` for
-    every strategy; ``progress`` is an optional ``callable(str)``.
+    every strategy; ``progress`` is an optional ``callable(str)``; ``solver`` is the MILP solver
+    of ``roam``'s offset ILP (``cbc`` or ``highs``).
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown layout strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -99,7 +100,7 @@ def place(buffers: Sequence[tuple[int, int, int]], strategy: str = "roam", *,
     if strategy == "roam":
         from roam_cli.layout.roam import roam_layout
         offsets, extra = roam_layout(bufs, time_limit=time_limit, jobs=jobs, capacity=capacity,
-                                     progress=progress)
+                                     progress=progress, solver=solver)
         stats.update(extra)
     elif strategy == "first-fit":
         offsets = first_fit(bufs)

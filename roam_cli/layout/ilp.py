@@ -13,15 +13,17 @@ fixed the constraints form a difference system, whose vertices are integral for 
 The model grows with the number of overlapping pairs, so ``roam`` only calls it on small
 subproblems -- where the combinatorial search could not reach the peak-live lower bound and a
 proven optimum (or a better incumbent within the time limit) is wanted.  It is warm-started from
-the best layout known so far; CBC is the default solver, HiGHS (``highspy``) is used when asked
-for and installed.
+the best layout known so far; `milp.solve` runs CBC (the default) or HiGHS (``highspy``).
 """
 
 from __future__ import annotations
 
 import time
-import warnings
 from collections.abc import Sequence
+
+import pulp
+
+from roam_cli import milp
 
 
 def solve_ilp(buffers: Sequence[tuple[int, int, int]], *, upper: int, lower: int = 0,
@@ -31,15 +33,11 @@ def solve_ilp(buffers: Sequence[tuple[int, int, int]], *, upper: int, lower: int
 
     ``upper`` must be the height of a known layout (``warm`` if given).  Returns
     ``(offsets or None, info)``; ``info["status"]`` is ``"optimal"``, ``"feasible"`` (time limit
-    hit with an incumbent), or a failure reason.  Never raises for solver trouble.
+    hit with an incumbent), or why there is no layout (`milp.solve`'s statuses, or a solution
+    that failed verification).  Never raises for solver trouble.
     """
     t0 = time.perf_counter()
     info: dict = {"solver": solver, "buffers": len(buffers)}
-    try:
-        import pulp
-    except Exception as e:  # pragma: no cover - pulp is a dependency
-        info["status"] = f"pulp unavailable: {e}"
-        return None, info
     n = len(buffers)
     if n == 0:
         info["status"] = "optimal"
@@ -49,11 +47,7 @@ def solve_ilp(buffers: Sequence[tuple[int, int, int]], *, upper: int, lower: int
     info["pairs"] = len(pairs)
     M = int(upper)
     prob = pulp.LpProblem("roam_layout", pulp.LpMinimize)
-    if hasattr(prob, "add_variable"):  # PuLP >= 3.3 attaches variables to the model
-        var = prob.add_variable
-    else:  # pragma: no cover - older PuLP
-        def var(name, lowBound=None, upBound=None, cat="Continuous"):
-            return pulp.LpVariable(name, lowBound=lowBound, upBound=upBound, cat=cat)
+    var = prob.add_variable
     H = var("H", lowBound=max(int(lower), max(b[2] for b in buffers)), upBound=M)
     o = [var(f"o{i}", lowBound=0, upBound=max(M - buffers[i][2], 0)) for i in range(n)]
     z = {p: var(f"z{p[0]}_{p[1]}", cat="Binary") for p in pairs}
@@ -69,38 +63,23 @@ def solve_ilp(buffers: Sequence[tuple[int, int, int]], *, upper: int, lower: int
         for (i, j), v in z.items():
             v.setInitialValue(1 if warm[i] < warm[j] or (warm[i] == warm[j] and i < j) else 0)
         H.setInitialValue(max(int(warm[i]) + buffers[i][2] for i in range(n)))
-    try:
-        with warnings.catch_warnings():  # PuLP 3.x deprecation notices about its 4.0 API
-            warnings.simplefilter("ignore", DeprecationWarning)
-            if solver == "highs":
-                cmd = pulp.HiGHS(msg=False, timeLimit=max(time_limit, 0.1))
-            else:
-                cmd = pulp.PULP_CBC_CMD(msg=False, timeLimit=max(time_limit, 0.1),
-                                        warmStart=warm is not None, threads=1)
-            if not cmd.available():
-                info["status"] = f"{solver} not available"
-                return None, info
-            prob.solve(cmd)
-    except Exception as e:
-        info["status"] = f"solver error: {type(e).__name__}: {e}".splitlines()[0]
-        info["seconds"] = time.perf_counter() - t0
-        return None, info
+    status = milp.solve(prob, solver, time.perf_counter() + max(time_limit, 0.1), warm=warm is not None)
     info["seconds"] = time.perf_counter() - t0
-    status = pulp.LpStatus.get(prob.status, str(prob.status))
-    sol_status = getattr(prob, "sol_status", None)
+    if status not in milp.FOUND:
+        info["status"] = status
+        return None, info
     values = [v.varValue for v in o]
     if any(v is None for v in values):
-        info["status"] = f"no solution ({status})"
+        info["status"] = f"{solver} failed: no value for an offset"
         return None, info
     offsets = [max(0, int(round(v))) for v in values]
     # verify (rounding, tolerances): fall back to the caller's layout on any doubt
     for i, j in pairs:
         a, b = offsets[i], offsets[j]
         if not (a + buffers[i][2] <= b or b + buffers[j][2] <= a):
-            info["status"] = "solution failed verification"
+            info["status"] = f"{solver} failed: its solution failed verification"
             return None, info
     height = max(offsets[i] + buffers[i][2] for i in range(n))
     info["height"] = height
-    optimal = status == "Optimal" and sol_status in (None, pulp.LpSolutionOptimal)
-    info["status"] = "optimal" if optimal else "feasible"
+    info["status"] = status
     return offsets, info

@@ -39,11 +39,14 @@ and is recorded in ``stats["fallback"]``.
 
 from __future__ import annotations
 
+import itertools
 import multiprocessing as mp
+import queue
 import time
 import traceback
 from collections.abc import Sequence
 
+from roam_cli import milp
 from roam_cli.layout import heuristics
 from roam_cli.layout.first_fit import first_fit
 from roam_cli.layout.search import DEFAULT_HEURISTICS, CanonicalSearch, SearchAborted
@@ -95,77 +98,99 @@ def split_components(buffers, idx: list[int]) -> list[list[int]]:
 
 
 # ------------------------------------------------------------------ portfolio search
-def _portfolio(sub, target, deadline, heuristics_, start_limit=None):
-    """Round-robin over rankings with a doubling node limit.  Returns (offsets|None, status,
-    nodes) with status "solved", "infeasible" (exhausted: a proof) or "timeout"."""
+FINAL = ("solved", "infeasible", "timeout", "recursion limit")  # the statuses that end a portfolio
+
+
+def _attempts(sub, target, deadline, rankings, start_limit=None):
+    """The portfolio's attempts, in order: round-robin over ``rankings`` with a node limit that
+    doubles every round.  Yields ``(status, offsets|None, nodes)`` per attempt; the status is
+    "node limit" or one of FINAL, after which nothing more is yielded.  An exhausted search
+    ("infeasible") is a proof."""
     cs = CanonicalSearch(sub)
     if cs.lower_bound > target or max(b[2] for b in sub) > target:
-        return None, "infeasible", 0
+        yield "infeasible", None, 0
+        return
     limit = start_limit or max(2 * len(sub), 64)
     weights = [0] * len(cs.members)  # failures per section, learnt across the restarts
     while True:
-        for h in heuristics_:
+        for h in rankings:
             if time.perf_counter() >= deadline:
-                return None, "timeout", cs.nodes
+                yield "timeout", None, 0
+                return
+            before = cs.nodes
             try:
                 off = cs.solve(target, deadline, h, limit, weights=weights)
+                status = "solved" if off is not None else "infeasible"
             except SearchAborted as e:
-                if "deadline" in str(e):
-                    return None, "timeout", cs.nodes
-                continue
+                off, status = None, "timeout" if "deadline" in str(e) else "node limit"
             except RecursionError:
-                return None, "recursion limit", cs.nodes
-            if off is None:
-                return None, "infeasible", cs.nodes
-            return off, "solved", cs.nodes
+                off, status = None, "recursion limit"
+            yield status, off, cs.nodes - before
+            if status in FINAL:
+                return
         limit *= 2
 
 
-def _worker(q, sub, target, deadline, hs):
+def _worker(q, k, sub, target, deadline, rankings):
+    """Worker ``k``: every attempt of its share of the rankings goes to ``q``."""
     try:
-        q.put(_portfolio(sub, target, deadline, hs))
+        for i, (status, off, nodes) in enumerate(_attempts(sub, target, deadline, rankings)):
+            q.put((k, i, status, off, nodes))
     except BaseException as e:  # report, never hang the parent
-        q.put((None, f"error: {type(e).__name__}: {e}", 0))
+        q.put((k, None, f"error: {type(e).__name__}: {e}", None, 0))
 
 
-def decide(sub, target, deadline, jobs=1, heuristics_=DEFAULT_HEURISTICS):
-    """Does ``sub`` fit under ``target``?  Portfolio search, in ``jobs`` processes if > 1."""
-    jobs = max(1, min(int(jobs or 1), len(heuristics_)))
+def decide(sub, target, deadline, jobs=1, rankings=DEFAULT_HEURISTICS):
+    """Does ``sub`` fit under ``target``?  Returns (offsets|None, status, nodes).
+
+    With ``jobs`` > 1 the rankings are dealt round-robin to worker processes, and their attempts
+    are taken in the order one process would make them: the answer is the first attempt in
+    that order that settles the question, whichever worker finishes first.  So the offsets do
+    not depend on process scheduling (only a deadline can cut a search short)."""
+    jobs = max(1, min(int(jobs or 1), len(rankings)))
     if jobs == 1 or len(sub) < 50:
-        return _portfolio(sub, target, deadline, heuristics_)
+        nodes = 0
+        for status, off, n in _attempts(sub, target, deadline, rankings):
+            nodes += n
+        return off, status, nodes
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     q = ctx.Queue()
-    procs = []
-    for k in range(jobs):
-        p = ctx.Process(target=_worker, args=(q, sub, target, deadline, heuristics_[k::jobs]),
-                        daemon=True)
+    shares = [rankings[k::jobs] for k in range(jobs)]
+    procs = [ctx.Process(target=_worker, args=(q, k, sub, target, deadline, shares[k]), daemon=True)
+             for k in range(jobs)]
+    for p in procs:
         p.start()
-        procs.append(p)
-    result = (None, "timeout", 0)
+    reported: dict[tuple[int, int], tuple] = {}
     nodes = 0
     try:
-        for _ in procs:
-            remaining = deadline - time.perf_counter() + 5.0
-            try:
-                off, status, n = q.get(timeout=max(remaining, 0.1))
-            except Exception:
-                break
+        for position in itertools.count():
+            # one process's attempt number `position` is ranking g of round r, which is worker
+            # k's attempt i
+            r, g = divmod(position, len(rankings))
+            k = g % jobs
+            key = (k, r * len(shares[k]) + g // jobs)
+            while key not in reported:
+                try:
+                    k2, i, status, off, n = q.get(timeout=max(deadline - time.perf_counter() + 5.0, 0.1))
+                except queue.Empty:
+                    return None, "timeout", nodes
+                if i is None:  # the worker failed
+                    return None, status, nodes
+                reported[k2, i] = (status, off, n)
+            status, off, n = reported.pop(key)
             nodes += n
-            if status in ("solved", "infeasible"):
-                result = (off, status, nodes)
-                break
-            result = (None, status, nodes)
+            if status in FINAL:
+                return off, status, nodes
     finally:
         for p in procs:
             if p.is_alive():
                 p.terminate()
         for p in procs:
             p.join(timeout=1.0)
-    return result
 
 
 # ------------------------------------------------------------------ one piece
-def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say):
+def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver):
     """Improve the incumbent ``best_off`` of one independent piece.  Returns (offsets, info)."""
     t0 = time.perf_counter()
     best_h = height_of(sub, best_off)
@@ -214,7 +239,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say):
             and deadline - time.perf_counter() > 0.2 and (minimise or best_h > target)):
         from roam_cli.layout.ilp import solve_ilp
         off, ilp_info = solve_ilp(sub, upper=best_h, lower=info["proven_lower_bound"],
-                                  warm=best_off, time_limit=deadline - time.perf_counter())
+                                  warm=best_off, time_limit=deadline - time.perf_counter(), solver=solver)
         info["ilp"] = ilp_info
         if off is not None:
             h = height_of(sub, off)
@@ -232,7 +257,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say):
 
 # ------------------------------------------------------------------ entry point
 def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | None = None,
-                jobs: int = 1, capacity: int | None = None, progress=None):
+                jobs: int = 1, capacity: int | None = None, progress=None, solver: str = "cbc"):
     """Returns (offsets, stats).  ``buffers`` must already be validated plain ints."""
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
@@ -315,12 +340,15 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
         say(f"layout: exact search on {len(todo)} of {len(comps)} independent piece(s)")
         todo.sort(key=lambda k: -len(comps[k]))
         results_by_piece = _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs,
-                                         minimise, say)
+                                         minimise, say, solver)
         for k, (off, info) in results_by_piece.items():
             piece_off[k] = off
             pieces_info.append(info)
             if info.get("error"):
                 fallback.append(info["error"])
+            if milp.failed(info.get("ilp", {}).get("status", "optimal")):
+                fallback.append(f"ILP on a piece of {info['buffers']} buffers: {info['ilp']['status']}; "
+                                "kept the search's layout")
             elif info["status"] not in ("optimal",) and info["height"] > target:
                 last = info["probes"][-1]["status"] if info["probes"] else "no time"
                 fallback.append(f"piece of {info['buffers']} buffers: search {last}, "
@@ -352,7 +380,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     return offsets, stats
 
 
-def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minimise, say):
+def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minimise, say, solver):
     out = {}
     jobs = max(1, int(jobs or 1))
     if jobs > 1 and len(todo) > 1:
@@ -367,7 +395,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
                 sub = [buffers[i] for i in comps[k]]
                 lb = peak_of(sub)
                 p = ctx.Process(target=_piece_worker,
-                                args=(q, k, sub, piece_off[k], target, lb, deadline, minimise),
+                                args=(q, k, sub, piece_off[k], target, lb, deadline, minimise, solver),
                                 daemon=True)
                 p.start()
                 running[k] = p
@@ -394,7 +422,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
         piece_deadline = time.perf_counter() + max(left / (len(todo) - idx), 0.0)
         say(f"layout: piece {idx + 1}/{len(todo)}: {len(sub)} buffers, peak live {lb}")
         try:
-            out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say)
+            out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say, solver)
         except Exception as e:
             out[k] = (piece_off[k], _error_info(comps[k], f"search failed: {type(e).__name__}: {e}"))
     return out
@@ -405,9 +433,9 @@ def _error_info(comp, why):
             "nodes": 0, "error": why}
 
 
-def _piece_worker(q, k, sub, off, target, lb, deadline, minimise):
+def _piece_worker(q, k, sub, off, target, lb, deadline, minimise, solver):
     try:
-        res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None)
+        res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None, solver)
         q.put((k, res[0], res[1]))
     except BaseException as e:
         q.put((k, off, {"buffers": len(sub), "status": "heuristic", "height": height_of(sub, off),

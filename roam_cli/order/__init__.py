@@ -12,7 +12,7 @@ Every strategy takes a `MemoryModel` and returns node indices plus plain statist
 
 import time
 
-from roam_cli import memory
+from roam_cli import memory, milp
 from roam_cli.memory import MemoryModel
 from roam_cli.order import greedy as greedy_mod, ilp, ort as ort_mod, roam as roam_mod
 from roam_cli.order.problem import from_memory_model, kahn
@@ -66,7 +66,10 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
     if strategy == "ilp-global":
         start = original(mm)
         sol = ilp.solve(problem, start, time.perf_counter() + seconds, solver)
-        return sol.order, {"solver": solver, "status": sol.status, "variables": sol.variables}
+        stats = {"solver": solver, "status": sol.status, "variables": sol.variables}
+        if milp.failed(sol.status):
+            stats["fallback"] = f"{sol.status}; kept the original order"
+        return sol.order, stats
     if strategy == "roam":
         measured = measured if measured is not None else baselines(mm, op_types)
         deadline = time.perf_counter() + seconds
@@ -75,10 +78,14 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
         best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
         if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
             found = measured[best_baseline]["order"]
-        return found, {"solver": solver, "reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
-                       "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
-                       "proven_optimal": stats.proven_optimal, "repairs": stats.repairs, "tree_passes": stats.passes,
-                       "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
-                       "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused,
-                       "leaf_solvers": stats.leaf_solvers}
+        out = {"solver": solver, "reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
+               "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
+               "proven_optimal": stats.proven_optimal, "repairs": stats.repairs, "tree_passes": stats.passes,
+               "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
+               "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused,
+               "leaf_solvers": stats.leaf_solvers}
+        if stats.solver_failures:
+            out["fallback"] = "; ".join(f"{failure} on {n} leaf shape(s), which kept the search's order"
+                                        for failure, n in sorted(stats.solver_failures.items()))
+        return found, out
     raise ValueError(f"unknown order strategy {strategy!r}")

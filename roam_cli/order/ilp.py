@@ -15,35 +15,29 @@ constraint holds whole windows: the model of a 317-node graph was 1.3 GB of MPS)
 Byte counts are divided by their common divisor so the solver sees small integers. `solve()`
 starts from a warm start (the solver's first incumbent), so it never returns a worse order;
 `reach()` starts cold and stops at the first order whose peak is at most a target, which is how
-the benchmark times the global ILP against ROAM. PuLP builds the model and writes it as MPS;
-CBC (bundled with PuLP) or HiGHS (highspy) solves it in a child process that is stopped at the
-deadline, because neither checks its time limit often enough on large models."""
+the benchmark times the global ILP against ROAM. PuLP builds the model; `milp.solve` runs CBC
+or HiGHS on it. A solver failure, or an answer that is not a valid order as good as the solver
+claims, leaves the warm start in place and is named in the status."""
 
-import importlib.util
 import math
-import os
-import signal
-import subprocess
-import sys
-import tempfile
 import time
 from dataclasses import dataclass
 
 import pulp
 
-from roam_cli.errors import RoamError
+from roam_cli import milp
 from roam_cli.order.problem import Problem, is_topological, peak, positions, reachability, spans
 
-SOLVERS = ("cbc", "highs")
 MAX_VARIABLES = 500_000  # beyond this the model alone takes gigabytes: report it as too large
-GRACE = 2.0  # seconds CBC gets to write its incumbent after it is told to stop
 
 
 @dataclass(frozen=True)
 class Solution:
     order: list[int]
     peak: int
-    status: str  # optimal | improved | not improved | too large | out of time building the model
+    # optimal | improved | not improved | too large | out of time building the model, or the
+    # solver's failure ("cbc failed: ...", "... failed verification"): the warm start is kept
+    status: str
     variables: int
 
     @property
@@ -146,16 +140,22 @@ class Model:
             var.setInitialValue(1 if first <= t <= last else 0)
         self.m.setInitialValue(peak(self.problem, order) // self.unit)
 
-    def run(self, deadline: float, solver: str, warm: bool, max_nodes: int | None = None) -> list[int] | None:
-        """Solve until `deadline` or `max_nodes` branch-and-bound nodes; the order found, or None."""
-        (solve_with_cbc if solver == "cbc" else solve_with_highs)(self.lp, deadline, warm, max_nodes)
-        if self.lp.sol_status not in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-            return None
+    def run(self, deadline: float, solver: str, warm: bool, max_nodes: int | None = None) -> tuple[list[int] | None, str]:
+        """Solve until `deadline` or `max_nodes` branch-and-bound nodes: (the order found or None,
+        `milp.solve`'s status, or a verification failure)."""
+        status = milp.solve(self.lp, solver, deadline, warm, max_nodes)
+        if status not in milp.FOUND:
+            return None, status
         n = self.problem.n
         step = [next((t for t in range(self.asap[v], self.alap[v]) if (self.d[v, t].value() or 0) > 0.5),
                      self.alap[v]) for v in range(n)]
         order = sorted(range(n), key=step.__getitem__)
-        return order if is_topological(self.problem, order) else None
+        # the solution must be an order, and its peak what the solver says it is
+        claimed = self.m.value()
+        if not is_topological(self.problem, order) or (
+                claimed is not None and peak(self.problem, order) // self.unit > math.ceil(claimed - 1e-6)):
+            return None, f"{solver} failed: its solution failed verification"
+        return order, status
 
 
 def constant(term, value: int) -> bool:
@@ -180,11 +180,13 @@ def solve(problem: Problem, warm_start: list[int], deadline: float, solver: str 
     if deadline - time.perf_counter() < 1:
         return Solution(list(warm_start), start_peak, "out of time building the model", model.size)
     model.warm_start(warm_start)
-    order = model.run(deadline, solver, warm=True, max_nodes=max_nodes)
+    order, status = model.run(deadline, solver, warm=True, max_nodes=max_nodes)
+    if milp.failed(status):
+        return Solution(list(warm_start), start_peak, status, model.size)
     if order is None or peak(problem, order) > start_peak:
         return Solution(list(warm_start), start_peak, "not improved", model.size)
     found = peak(problem, order)
-    if model.lp.sol_status == pulp.LpSolutionOptimal:
+    if status == "optimal":
         return Solution(order, found, "optimal", model.size)
     return Solution(order, found, "improved" if found < start_peak else "not improved", model.size)
 
@@ -197,72 +199,4 @@ def reach(problem: Problem, target: int, deadline: float, solver: str = "cbc") -
         return None
     if model.size > MAX_VARIABLES:
         return None
-    return model.run(deadline, solver, warm=False)
-
-
-def solve_with_cbc(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: int | None) -> None:
-    """CBC, as bundled with PuLP, on PuLP's MPS file. CBC checks its own time limit only now and
-    then (a 30 s limit ran for 10 minutes on a 23,000-variable model): see `watch`."""
-    cbc = pulp.PULP_CBC_CMD(msg=False)
-    with tempfile.TemporaryDirectory(prefix="roam-ilp-") as tmp:
-        mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm.mst", "model.sol"))
-        variables, var_names, con_names, _ = lp.writeMPS(mps, rename=1)
-        args = [cbc.path, mps]
-        if warm:
-            cbc.writesol(start, lp, variables, var_names, con_names)
-            args += ["-mips", start]
-        if math.isfinite(deadline):
-            args += ["-sec", str(max(1, math.floor(deadline - time.perf_counter()))), "-timeMode", "elapsed"]
-        if max_nodes is not None:
-            args += ["-maxNodes", str(max_nodes)]
-        args += ["-ratio", "0", "-allow", "0", "-threads", "1", "-randomSeed", "1", "-randomCbcSeed", "1",
-                 "-solve", "-printingOptions", "all", "-solution", sol]
-        watch(args, deadline)
-        if not os.path.exists(sol):
-            lp.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
-            return
-        status, values, _, _, _, sol_status = cbc.readsol_MPS(sol, lp, variables, var_names, con_names)
-        lp.assignVarsVals(values)
-        lp.assignStatus(status, sol_status)
-
-
-def solve_with_highs(lp: pulp.LpProblem, deadline: float, warm: bool, max_nodes: int | None) -> None:
-    """HiGHS (highspy) on PuLP's MPS file, in a child process (`highs_run`) under `watch`."""
-    with tempfile.TemporaryDirectory(prefix="roam-ilp-") as tmp:
-        mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm.txt", "model.sol"))
-        variables, _, _, _ = lp.writeMPS(mps, rename=1)
-        if warm:
-            with open(start, "w") as f:
-                f.write("\n".join(repr(v.value() or 0) for v in variables))
-        limit = max(1.0, deadline - time.perf_counter()) if math.isfinite(deadline) else "inf"
-        watch([sys.executable, "-m", "roam_cli.order.highs_run", mps, start if warm else "-", sol, str(limit),
-               str(max_nodes) if max_nodes is not None else "-"], deadline)
-        if not os.path.exists(sol):
-            lp.assignStatus(pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound)
-            return
-        status, *values = open(sol).read().split()
-        for v, value in zip(variables, values):
-            v.varValue = float(value)
-        lp.assignStatus(pulp.LpStatusOptimal, pulp.LpSolutionOptimal if status == "optimal"
-                        else pulp.LpSolutionIntegerFeasible)
-
-
-def watch(args: list[str], deadline: float) -> None:
-    """Run a solver process until `deadline`; then SIGINT, which makes CBC stop and write its
-    incumbent, and SIGKILL if it has not exited within GRACE."""
-    proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        proc.wait(timeout=max(deadline - time.perf_counter(), 0) if math.isfinite(deadline) else None)
-    except subprocess.TimeoutExpired:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=GRACE)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
-
-
-def check_solver(name: str) -> None:
-    """Fail early, before any work, when the chosen MILP solver is not installed."""
-    if name == "highs" and importlib.util.find_spec("highspy") is None:
-        raise RoamError("--solver highs needs the highspy package: pip install highspy")
+    return model.run(deadline, solver, warm=False)[0]

@@ -21,6 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
+from roam_cli import milp
 from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules
 from roam_cli.order.greedy import SCHEDULERS
 from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
@@ -56,17 +57,19 @@ class Stats:
     shapes_reused: int = 0
     proven_optimal: bool = False
     leaf_solvers: dict = field(default_factory=lambda: {"search": 0, "ilp": 0})
+    solver_failures: dict = field(default_factory=dict)  # failure -> leaves that kept the search's order
 
 
-def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str]:
-    """(order, proven optimal, which solver settled it) for one canonical leaf."""
+def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str, str | None]:
+    """(order, proven optimal, which solver settled it, the ILP solver's failure or None) for one
+    canonical leaf. A failed ILP leaves the search's order."""
     deadline = time.perf_counter() + leaf.seconds
     bound = bounds.lower_bound(leaf.problem, leaf.warm)
     found = ideals.solve(leaf.problem, leaf.warm, LEAF_STATES, deadline, bound)
     if found.optimal or deadline - time.perf_counter() < 1:
-        return found.order, found.optimal, "search"
+        return found.order, found.optimal, "search", None
     sol = ilp.solve(leaf.problem, found.order, deadline, leaf.solver, bound, LEAF_ILP_NODES)
-    return sol.order, sol.optimal, "ilp"
+    return sol.order, sol.optimal, "ilp", sol.status if milp.failed(sol.status) else None
 
 
 def repair(rp: Problem, order_: list[int], anc: list[int], desc: list[int]) -> tuple[list[int], int]:
@@ -191,11 +194,13 @@ class Search:
         keys = list(fresh)
         tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf, self.solver) for k in keys]
         parallel = self.pool is not None and len(tasks) > 1
-        for done, (key, (local, optimal, how)) in enumerate(
+        for done, (key, (local, optimal, how, failure)) in enumerate(
                 zip(keys, self.pool.map(solve_leaf, tasks) if parallel else map(solve_leaf, tasks)), 1):
             self.cache[key] = (local, optimal)
             self.stats.shapes_solved += 1
             self.stats.leaf_solvers[how] += 1
+            if failure:
+                self.stats.solver_failures[failure] = self.stats.solver_failures.get(failure, 0) + 1
             self.report(f"shape {done}/{len(tasks)}")
         for seg, numbering, key in placed:
             local, optimal = self.cache[key]

@@ -1,8 +1,8 @@
 """HiGHS on an MPS file, in a process of its own so that the caller can stop it at its deadline
 (HiGHS's cut separation checks neither its time limit nor its interrupt callback for a minute
-on some ordering models). Written by `ilp.solve_with_highs`, which reads SOLUTION back:
+on some ordering models). Run by `milp.solve_with_highs`, which reads SOLUTION back:
 
-    python -m roam_cli.order.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
+    python -m roam_cli.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
 
 START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
 "feasible" on its first line and the column values after, or is not written at all."""
