@@ -30,22 +30,9 @@ sys.path.insert(0, str(ROOT))
 
 from roam_cli import layout  # noqa: E402
 from roam_cli.layout.csv_io import read_csv, write_csv  # noqa: E402
+from layout_csv import overlaps  # noqa: E402
 
 DEFAULT_DIR = ROOT.parent / "shared" / "bench" / "minimalloc-challenging"
-
-
-def overlaps(buffers, offsets) -> int:
-    order = sorted(range(len(buffers)), key=lambda i: buffers[i][0])
-    bad = 0
-    active: list[int] = []
-    for i in order:
-        lo, hi, size = buffers[i]
-        active = [j for j in active if buffers[j][1] > lo]
-        for j in active:
-            if size and buffers[j][2] and offsets[i] < offsets[j] + buffers[j][2] and offsets[j] < offsets[i] + size:
-                bad += 1
-        active.append(i)
-    return bad
 
 
 def random_instance(seed: int, n: int = 200, steps: int = 100) -> list[tuple[int, int, int]]:

@@ -3,6 +3,8 @@
 Built once by `roam_cli.onnx_import`; never mutated afterwards. Node indices are positions in
 `nodes` (the model's file order, made topological)."""
 
+import heapq
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -66,3 +68,19 @@ class Graph:
 
     def node_index(self) -> dict[str, int]:
         return {n.name: i for i, n in enumerate(self.nodes)}
+
+
+def smallest_first_order(indegree: list[int], successors: Sequence[Sequence[int]]) -> list[int]:
+    """Kahn's topological order, taking the smallest ready index first (so a topological file
+    order comes back unchanged). Consumes `indegree`; on a cycle the order is short."""
+    ready = [v for v, d in enumerate(indegree) if d == 0]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        v = heapq.heappop(ready)
+        order.append(v)
+        for w in successors[v]:
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                heapq.heappush(ready, w)
+    return order

@@ -5,7 +5,6 @@ bind symbolic dimensions, infer every tensor's static shape (`roam_cli.shapes`),
 graph is a DAG whose every input is defined."""
 
 import hashlib
-import heapq
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -15,7 +14,7 @@ from google.protobuf.message import DecodeError
 
 from roam_cli import shapes
 from roam_cli.errors import RoamError
-from roam_cli.graph import Graph, Node, Value, element_size
+from roam_cli.graph import Graph, Node, Value, element_size, smallest_first_order
 
 
 @dataclass
@@ -110,16 +109,7 @@ def topological_order(nodes: list[Node], defined_outside: set[str]) -> list[int]
                 raise RoamError(f"graph has a cycle: node {n.name!r} reads its own output")
             indegree[i] += 1
             users[p].append(i)
-    ready = [i for i, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        i = heapq.heappop(ready)
-        order.append(i)
-        for u in users[i]:
-            indegree[u] -= 1
-            if indegree[u] == 0:
-                heapq.heappush(ready, u)
+    order = smallest_first_order(indegree, users)
     if len(order) < len(nodes):
         stuck = next(nodes[i].name for i, d in enumerate(indegree) if d > 0)
         raise RoamError(f"graph has a cycle through node {stuck!r}")

@@ -73,20 +73,55 @@ def _events(buffers):
     return out
 
 
-# ------------------------------------------------------------------------------ PyTorch
 class _Block:
-    __slots__ = ("seg", "addr", "size", "free", "prev", "next", "small")
+    """A block of a segment (PyTorch) or a chunk of a region (BFC): linked to its neighbours in
+    address order. Links never cross a segment, so merging stays inside one."""
+    __slots__ = ("addr", "size", "free", "prev", "next", "small")
 
-    def __init__(self, seg, addr, size, small):
-        self.seg = seg
+    def __init__(self, addr, size, small=False):
         self.addr = addr
         self.size = size
         self.free = True
         self.prev = None
         self.next = None
-        self.small = small
+        self.small = small  # PyTorch's pool of the block
 
 
+def _split(block: _Block, size: int) -> _Block:
+    """Keep the first `size` bytes in `block`; the rest becomes a new free block after it."""
+    rest = _Block(block.addr + size, block.size - size, block.small)
+    rest.prev = block
+    rest.next = block.next
+    if block.next is not None:
+        block.next.prev = rest
+    block.next = rest
+    block.size = size
+    return rest
+
+
+def _release(block: _Block, unlist) -> _Block:
+    """Free `block` and merge it with its free neighbours (`unlist` takes each out of its free
+    list); returns the merged free block."""
+    block.free = True
+    nb = block.next
+    if nb is not None and nb.free:
+        unlist(nb)
+        block.size += nb.size
+        block.next = nb.next
+        if nb.next is not None:
+            nb.next.prev = block
+    pb = block.prev
+    if pb is not None and pb.free:
+        unlist(pb)
+        pb.size += block.size
+        pb.next = block.next
+        if block.next is not None:
+            block.next.prev = pb
+        block = pb
+    return block
+
+
+# ------------------------------------------------------------------------------ PyTorch
 def pytorch_caching(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int], dict]:
     """Simulate PyTorch's CUDA caching allocator; offsets in one arena of peak reserved bytes."""
     min_block = 512
@@ -147,18 +182,11 @@ def pytorch_caching(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int],
                 segsz = allocation_size(rs)
                 seg_base.append(reserved)
                 reserved += segsz
-                block = _Block(seg, seg_base[seg], segsz, small)
+                block = _Block(seg_base[seg], segsz, small)
             remaining = block.size - rs
             split = remaining >= min_block if small else remaining > small_size
             if split:
-                rest = _Block(block.seg, block.addr + rs, remaining, small)
-                rest.prev = block
-                rest.next = block.next
-                if block.next is not None:
-                    block.next.prev = rest
-                block.next = rest
-                block.size = rs
-                pool_add(rest)
+                pool_add(_split(block, rs))
             block.free = False
             held[i] = block
             offsets[i] = block.addr
@@ -169,23 +197,7 @@ def pytorch_caching(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int],
             if block is None:
                 continue
             allocated -= block.size
-            block.free = True
-            nb = block.next
-            if nb is not None and nb.free:
-                pool_remove(nb)
-                block.size += nb.size
-                block.next = nb.next
-                if nb.next is not None:
-                    nb.next.prev = block
-            pb = block.prev
-            if pb is not None and pb.free:
-                pool_remove(pb)
-                pb.size += block.size
-                pb.next = block.next
-                if block.next is not None:
-                    block.next.prev = pb
-                block = pb
-            pool_add(block)
+            pool_add(_release(block, pool_remove))
     stats = {
         "peak_reserved": reserved,
         "peak_allocated": peak_allocated,
@@ -195,17 +207,6 @@ def pytorch_caching(buffers: Sequence[tuple[int, int, int]]) -> tuple[list[int],
 
 
 # ------------------------------------------------------------------------------ ORT BFC
-class _Chunk:
-    __slots__ = ("addr", "size", "free", "prev", "next")
-
-    def __init__(self, addr, size):
-        self.addr = addr
-        self.size = size
-        self.free = True
-        self.prev = None
-        self.next = None
-
-
 def bfc_arena(buffers: Sequence[tuple[int, int, int]], *, initial_chunk: int = 1 * MIB,
               max_dead_bytes: int = 128 * MIB,
               max_power_of_two_extend: int = 1024 * MIB) -> tuple[list[int], dict]:
@@ -223,8 +224,8 @@ def bfc_arena(buffers: Sequence[tuple[int, int, int]], *, initial_chunk: int = 1
     n = len(buffers)
     offsets = [0] * n
     bins: list[list] = [[] for _ in range(num_bins)]  # sorted (size, addr, id)
-    chunks: dict[int, _Chunk] = {}
-    held: dict[int, _Chunk] = {}
+    chunks: dict[int, _Block] = {}
+    held: dict[int, _Block] = {}
     total_region = 0
     regions = 0
     curr_region = rounded(initial_chunk)
@@ -268,21 +269,14 @@ def bfc_arena(buffers: Sequence[tuple[int, int, int]], *, initial_chunk: int = 1
                         curr_region *= 2
                     else:
                         curr_region = max_power_of_two_extend
-                c = _Chunk(total_region, extend)
+                c = _Block(total_region, extend)
                 total_region += extend
                 regions += 1
                 add_free(c)
                 c = find(rb)
             remove_free(c)
             if c.size >= rb * 2 or c.size - rb >= max_dead_bytes:
-                rest = _Chunk(c.addr + rb, c.size - rb)
-                rest.prev = c
-                rest.next = c.next
-                if c.next is not None:
-                    c.next.prev = rest
-                c.next = rest
-                c.size = rb
-                add_free(rest)
+                add_free(_split(c, rb))
             c.free = False
             held[i] = c
             offsets[i] = c.addr
@@ -293,23 +287,7 @@ def bfc_arena(buffers: Sequence[tuple[int, int, int]], *, initial_chunk: int = 1
             if c is None:
                 continue
             in_use -= c.size
-            c.free = True
-            nx = c.next
-            if nx is not None and nx.free:
-                remove_free(nx)
-                c.size += nx.size
-                c.next = nx.next
-                if nx.next is not None:
-                    nx.next.prev = c
-            pv = c.prev
-            if pv is not None and pv.free:
-                remove_free(pv)
-                pv.size += c.size
-                pv.next = c.next
-                if c.next is not None:
-                    c.next.prev = pv
-                c = pv
-            add_free(c)
+            add_free(_release(c, remove_free))
     stats = {
         "peak_reserved": total_region,
         "peak_allocated": peak_in_use,

@@ -110,45 +110,26 @@ def greedy_size(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
         whole = lo == t0 and hi == t1
         return (0, i, 0, 0) if whole else (1, -size, lo, i)
 
-    order = sorted(range(n), key=key)
-    offsets = [0] * n
-    placed = _Placed(n)
-    for i in order:
-        lo, hi, size = buffers[i]
-        if size <= 0 or hi <= lo:
-            continue
-        offs, tops = placed.busy(lo, hi)
-        if offs is None:
-            off = 0
-        else:
-            starts, lens, top = _gaps(offs, tops)
-            fit = lens >= size
-            if fit.any():
-                cand = np.flatnonzero(fit)
-                j = cand[np.argmin(lens[cand])]
-                off = int(starts[j])
-            else:
-                off = top
-        offsets[i] = off
-        placed.add(lo, hi, off, size)
-    return offsets
+    return _place_in_order(buffers, sorted(range(n), key=key), smallest_gap=True)
 
 
 def first_fit_sizes(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     """Decreasing size, lowest gap that fits (an extra warm start for ``roam``)."""
     n = len(buffers)
     order = sorted(range(n), key=lambda i: (-buffers[i][2], buffers[i][0], i))
-    return _first_fit_in_order(buffers, order)
+    return _place_in_order(buffers, order, smallest_gap=False)
 
 
 def first_fit_long(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     """Longest lifetime first, lowest gap that fits (an extra warm start for ``roam``)."""
     n = len(buffers)
     order = sorted(range(n), key=lambda i: (-(buffers[i][1] - buffers[i][0]), -buffers[i][2], i))
-    return _first_fit_in_order(buffers, order)
+    return _place_in_order(buffers, order, smallest_gap=False)
 
 
-def _first_fit_in_order(buffers, order) -> list[int]:
+def _place_in_order(buffers, order, smallest_gap: bool) -> list[int]:
+    """Place buffers one by one in `order`, each in the smallest gap that fits among the buffers
+    already placed that overlap it in time (or the lowest such gap), else on top."""
     n = len(buffers)
     offsets = [0] * n
     placed = _Placed(n)
@@ -162,7 +143,10 @@ def _first_fit_in_order(buffers, order) -> list[int]:
         else:
             starts, lens, top = _gaps(offs, tops)
             fit = np.flatnonzero(lens >= size)
-            off = int(starts[fit[0]]) if len(fit) else top
+            if len(fit):
+                off = int(starts[fit[np.argmin(lens[fit])] if smallest_gap else fit[0]])
+            else:
+                off = top
         offsets[i] = off
         placed.add(lo, hi, off, size)
     return offsets

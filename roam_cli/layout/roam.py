@@ -47,7 +47,7 @@ import traceback
 from collections.abc import Sequence
 
 from roam_cli import milp
-from roam_cli.layout import heuristics
+from roam_cli.layout import heuristics, peak_live
 from roam_cli.layout.first_fit import first_fit
 from roam_cli.layout.search import DEFAULT_HEURISTICS, CanonicalSearch, SearchAborted
 
@@ -58,21 +58,6 @@ def default_time_limit(n: int) -> float:
     """Budget when the caller gives none: a few seconds for small instances, about a minute
     for ~10k buffers (the search needs one node per buffer on training graphs, each O(n))."""
     return min(90.0, 3.0 + n / 150.0)
-
-
-def peak_of(buffers: Sequence[tuple[int, int, int]]) -> int:
-    events = []
-    for lo, hi, size in buffers:
-        if size > 0 and hi > lo:
-            events.append((lo, size))
-            events.append((hi, -size))
-    events.sort()
-    live = peak = 0
-    for _t, d in events:
-        live += d
-        if live > peak:
-            peak = live
-    return peak
 
 
 def height_of(buffers, offsets, idx=None) -> int:
@@ -264,7 +249,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     n = len(buffers)
     offsets = [0] * n
     active = [i for i, (lo, hi, sz) in enumerate(buffers) if sz > 0 and hi > lo]
-    lb = peak_of(buffers)
+    lb = peak_live(buffers)
     budget = default_time_limit(len(active)) if time_limit is None else max(float(time_limit), 0.0)
     deadline = t_start + budget
     stats: dict = {"lower_bound": lb, "time_limit": round(budget, 3)}
@@ -393,7 +378,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
             while pending and len(running) < jobs:
                 k = pending.pop(0)
                 sub = [buffers[i] for i in comps[k]]
-                lb = peak_of(sub)
+                lb = peak_live(sub)
                 p = ctx.Process(target=_piece_worker,
                                 args=(q, k, sub, piece_off[k], target, lb, deadline, minimise, solver),
                                 daemon=True)
@@ -417,7 +402,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
         return out
     for idx, k in enumerate(todo):
         sub = [buffers[i] for i in comps[k]]
-        lb = peak_of(sub)
+        lb = peak_live(sub)
         left = deadline - time.perf_counter()
         piece_deadline = time.perf_counter() + max(left / (len(todo) - idx), 0.0)
         say(f"layout: piece {idx + 1}/{len(todo)}: {len(sub)} buffers, peak live {lb}")

@@ -11,10 +11,10 @@ bytes are live at every step: tensors that pass through a segment untouched.
 For a problem made from a memory model, `peak()` equals `memory.peak_live(mm,
 memory.lifetimes(mm, order))[0]` (tested), which stays the single definition of an order's cost."""
 
-import heapq
 from dataclasses import dataclass
 from functools import cached_property
 
+from roam_cli.graph import smallest_first_order
 from roam_cli.memory import MemoryModel
 
 
@@ -127,15 +127,4 @@ def reachability(problem: Problem) -> tuple[list[int], list[int]]:
 
 def kahn(problem: Problem) -> list[int]:
     """The smallest-index-first topological order."""
-    indegree = [len(p) for p in problem.preds]
-    ready = [v for v, d in enumerate(indegree) if d == 0]
-    heapq.heapify(ready)
-    order = []
-    while ready:
-        v = heapq.heappop(ready)
-        order.append(v)
-        for w in problem.succs[v]:
-            indegree[w] -= 1
-            if indegree[w] == 0:
-                heapq.heappush(ready, w)
-    return order
+    return smallest_first_order([len(p) for p in problem.preds], problem.succs)
