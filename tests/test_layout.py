@@ -224,3 +224,15 @@ def test_search_respects_node_limit():
     buffers, height = perfect_packing(8, leaves=40)
     with pytest.raises(SearchAborted):
         CanonicalSearch(buffers).solve(height - 256 * 0, node_limit=1)
+
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_offset_ilp_reaches_the_peak_with_either_solver(solver):
+    if solver == "highs":
+        pytest.importorskip("highspy")
+    from roam_cli.layout.ilp import solve_ilp
+    # live at step 2: 512 + 256 + 768 + 256 = 1792 bytes, the most at any step
+    buffers = [(0, 3, 512), (1, 4, 256), (2, 5, 768), (0, 2, 256), (3, 6, 512), (1, 6, 256)]
+    offsets, info = solve_ilp(buffers, upper=4096, time_limit=20, solver=solver)
+    assert info["status"] == "optimal" and info["height"] == 1792
+    assert max(o + b[2] for o, b in zip(offsets, buffers)) == 1792
