@@ -5,7 +5,8 @@ on some ordering models). Run by `milp.solve_with_highs`, which reads SOLUTION b
     python -m roam_cli.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
 
 START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
-"feasible" on its first line and the column values after, or is not written at all."""
+"feasible" on its first line and the column values after, or "none" when HiGHS stopped (time
+or node limit) without a solution."""
 
 import sys
 
@@ -26,7 +27,9 @@ def main(model: str, start: str, solution: str, time_limit: str, max_nodes: str)
         warm.col_value = [float(x) for x in open(start).read().split()]
         h.setSolution(warm)
     h.run()
-    if h.getInfo().primal_solution_status != 2:  # no feasible solution
+    if h.getInfo().primal_solution_status != 2:  # no feasible solution (time or node limit)
+        with open(solution, "w") as f:
+            f.write("none\n")
         return
     status = "optimal" if h.getModelStatus() == highspy.HighsModelStatus.kOptimal else "feasible"
     with open(solution, "w") as f:

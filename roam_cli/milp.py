@@ -84,7 +84,7 @@ def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float, m
 
 def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float, max_nodes: int | None) -> str:
     """HiGHS through `roam_cli.highs_run`, which writes "optimal" or "feasible" and the column
-    values to `sol`, or nothing when it has no solution."""
+    values to `sol`, or "none" when it stopped without a solution."""
     variables, _, _, _ = lp.writeMPS(mps, rename=1)
     if start is not None:
         with open(start, "w") as f:
@@ -96,6 +96,8 @@ def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float,
         return fault
     try:
         status, *values = open(sol).read().split()
+        if status == "none":
+            return NO_SOLUTION_IN_TIME
         if status not in FOUND or len(values) != len(variables):
             raise ValueError
         for v, value in zip(variables, values):
