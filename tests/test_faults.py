@@ -226,7 +226,10 @@ def interrupted(request, tmp_path_factory):
     proc = subprocess.Popen([sys.executable, "-m", "roam_cli", "optimize", path, "-o", out / "plan.json",
                              "--annotated-model", out / "m.onnx", "--order", order_strategy, "--jobs", str(jobs),
                              "--time-limit", "600"],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+                            # as a foreground job gets it: a shell starts background jobs (and so a CI
+                            # runner may start pytest) with SIGINT ignored, which the child would inherit
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not any("cbc" in c for _, c in group(proc.pid)) and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
