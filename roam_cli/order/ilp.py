@@ -140,7 +140,8 @@ class Model:
             var.setInitialValue(1 if first <= t <= last else 0)
         self.m.setInitialValue(peak(self.problem, order) // self.unit)
 
-    def run(self, deadline: float, solver: str, warm: bool, max_nodes: int | None = None) -> tuple[list[int] | None, str]:
+    def run(self, deadline: float, solver: str, warm: bool,
+            max_nodes: int | None = None) -> tuple[list[int] | None, str]:
         """Solve until `deadline` or `max_nodes` branch-and-bound nodes: (the order found or None,
         `milp.solve`'s status, or a verification failure)."""
         status = milp.solve(self.lp, solver, deadline, warm, max_nodes)
