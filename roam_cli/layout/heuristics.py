@@ -69,32 +69,7 @@ def best_fit(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     """XLA-style global decreasing-size best-fit heap."""
     n = len(buffers)
     order = sorted(range(n), key=lambda i: (-buffers[i][2], -(buffers[i][1] - buffers[i][0]), i))
-    offsets = [0] * n
-    placed = _Placed(n)
-    heap = 0
-    for i in order:
-        lo, hi, size = buffers[i]
-        if size <= 0 or hi <= lo:
-            continue
-        offs, tops = placed.busy(lo, hi)
-        if offs is None:
-            off = 0
-        else:
-            starts, lens, top = _gaps(offs, tops)
-            # the free chunk between the highest overlapping buffer and the heap top counts too
-            starts = np.append(starts, top)
-            lens = np.append(lens, heap - top)
-            fit = lens >= size
-            if fit.any():
-                cand = np.flatnonzero(fit)
-                j = cand[np.argmin(lens[cand])]  # smallest fitting chunk, lowest offset on ties
-                off = int(starts[j])
-            else:
-                off = top
-        offsets[i] = off
-        placed.add(lo, hi, off, size)
-        heap = max(heap, off + size)
-    return offsets
+    return _place_in_order(buffers, order, smallest_gap=True, heap_gap=True)
 
 
 def greedy_size(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
@@ -127,12 +102,15 @@ def first_fit_long(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     return _place_in_order(buffers, order, smallest_gap=False)
 
 
-def _place_in_order(buffers, order, smallest_gap: bool) -> list[int]:
+def _place_in_order(buffers, order, smallest_gap: bool, heap_gap: bool = False) -> list[int]:
     """Place buffers one by one in `order`, each in the smallest gap that fits among the buffers
-    already placed that overlap it in time (or the lowest such gap), else on top."""
+    already placed that overlap it in time (or the lowest such gap), else on top. With
+    `heap_gap` (XLA's heap) the free chunk between the highest overlapping buffer and the top of
+    everything placed so far is a gap too."""
     n = len(buffers)
     offsets = [0] * n
     placed = _Placed(n)
+    heap = 0
     for i in order:
         lo, hi, size = buffers[i]
         if size <= 0 or hi <= lo:
@@ -142,11 +120,14 @@ def _place_in_order(buffers, order, smallest_gap: bool) -> list[int]:
             off = 0
         else:
             starts, lens, top = _gaps(offs, tops)
+            if heap_gap:
+                starts, lens = np.append(starts, top), np.append(lens, heap - top)
             fit = np.flatnonzero(lens >= size)
-            if len(fit):
+            if len(fit):  # argmin: the lowest offset on ties
                 off = int(starts[fit[np.argmin(lens[fit])] if smallest_gap else fit[0]])
             else:
                 off = top
         offsets[i] = off
         placed.add(lo, hi, off, size)
+        heap = max(heap, off + size)
     return offsets
