@@ -287,7 +287,7 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
       roam execute training_model.onnx --plan plan.json
       roam execute training_model.onnx --plan plan.json --provider cuda --inputs batch.npz --json
     """
-    from roam_cli.execute import execute_plan, render
+    from roam_cli.runtime.execute import execute_plan, render
 
     plan = plan_io.read(plan_path)
     with Progress(obj["quiet"]) as progress:

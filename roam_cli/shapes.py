@@ -341,7 +341,7 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
     Needs the weights (ORT reads them), so refuses a model whose external data is absent."""
     import onnxruntime as ort
 
-    from roam_cli.synthetic import synthetic_feeds
+    from roam_cli.runtime.synthetic import synthetic_feeds
 
     probe = copy.deepcopy(model)
     g = probe.graph

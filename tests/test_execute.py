@@ -12,9 +12,9 @@ import pytest
 from conftest import roam
 from onnx_builder import model, node, save
 from roam_cli.errors import RoamError
-from roam_cli.execute import difference, extended_bytes, make_feeds, order_agreement, seed_random_ops
+from roam_cli.runtime.execute import difference, extended_bytes, make_feeds, order_agreement, seed_random_ops
 from roam_cli.onnx_import import import_model
-from roam_cli.replay import replay
+from roam_cli.runtime.replay import replay
 
 
 def test_sample_plan_runs_in_plan_order_and_replays_exactly(sample_plan):

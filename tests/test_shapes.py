@@ -13,7 +13,7 @@ from onnx_builder import model, node, save
 from roam_cli.errors import RoamError
 from roam_cli.onnx_import import import_model
 from roam_cli.shapes import matmul_shape
-from roam_cli.synthetic import synthetic_feeds
+from roam_cli.runtime.synthetic import synthetic_feeds
 
 
 def test_every_inferred_shape_matches_an_onnx_runtime_run_of_the_sample():

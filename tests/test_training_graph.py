@@ -21,7 +21,7 @@ from roam_cli import pipeline, shapes, training_graph
 from roam_cli.errors import RoamError
 from roam_cli.memory import INPLACE_KEY
 from roam_cli.optimizer_graph import AdamW, SGD, full_step, gradient_accumulators
-from roam_cli.synthetic import synthetic_feeds
+from roam_cli.runtime.synthetic import synthetic_feeds
 from roam_cli.verify import verify
 
 SAMPLE_OPTIMIZER = SAMPLE.parent / "optimizer_model.onnx"

@@ -3,7 +3,7 @@
 1. Order: the annotated model (nodes in plan order) runs one step with
    `execution_order = PRIORITY_BASED`; ORT's profiler records the order its kernels ran in; the
    agreement is the fraction of node pairs that ran in plan order.
-2. Numbers: that run's results and the arena replay's (`roam_cli.replay`) against a plain ORT
+2. Numbers: that run's results and the arena replay's (`roam_cli.runtime.replay`) against a plain ORT
    run of the original model: graph outputs and the inputs the step updates in place.
 3. ORT's own memory: the bytes ORT's arena allocated ("Total allocated bytes", summed over its
    extensions) running the annotated model with its nodes in the original order and in plan
@@ -33,8 +33,8 @@ from rich.table import Table
 from roam_cli import annotate
 from roam_cli.errors import RoamError
 from roam_cli.onnx_import import import_model
-from roam_cli.replay import PROVIDERS, replay, storage_roots
-from roam_cli.synthetic import synthesize
+from roam_cli.runtime.replay import PROVIDERS, replay, storage_roots
+from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
 RTOL = 1e-5  # largest |difference| allowed, relative to the largest magnitude in the reference tensor
