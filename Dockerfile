@@ -12,6 +12,8 @@
 ARG BASE=python:3.11-slim
 FROM ${BASE}
 ARG ORT_PACKAGE=onnxruntime-training-cpu
+# a C compiler: roam's plan-consuming allocator for ONNX Runtime is a small C extension
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
 COPY . /opt/roam
 RUN ORT_PACKAGE=${ORT_PACKAGE} sh /opt/roam/scripts/docker_steps.sh /opt/roam
 WORKDIR /work

@@ -302,6 +302,56 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 
 
 @cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path), help="Plan JSON made for MODEL.")
+@click.option("--steps", default=20, show_default=True, type=int, help="Training steps to run.")
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path),
+              help="An .npz by input name: starting state, and data (one batch, or [steps, ...] cycled); "
+                   "what it lacks is synthesised, optimizer state starts at zero.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--allocator", type=click.Choice(["roam", "ort", "ort-same-as-requested"]), default="roam",
+              show_default=True, help="roam: ORT's requests served from the plan's arena; ort: ORT's own arena.")
+@click.option("--learning-rate", default=1e-3, show_default=True, type=float,
+              help="The learning_rate input, when --inputs does not give it.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of synthetic inputs and of random ops.")
+@click.option("--compare", is_flag=True,
+              help="Run the same steps on a plain ORT session too and check outputs and final state (1e-5).")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare, as_json):
+    """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says.
+
+    The plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
+    written into its input's buffer), and with --allocator roam ORT's own session allocating
+    from one arena: the first step is recorded and laid out by roam, every later step is
+    served from it; a request it does not cover is served by the system and counted.
+    Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with --compare when
+    the planned run differs from the plain one by more than 1e-5 relative.
+
+    \b
+    Examples:
+      roam train step.onnx --plan plan.json --steps 20
+      roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
+    """
+    from roam_cli.runtime.train import RTOL, render_step, render_summary, train as run_training
+
+    plan = plan_io.read(plan_path)
+    show = not (as_json or obj["quiet"])
+    result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
+                          learning_rate=learning_rate, allocator=allocator, compare=compare,
+                          on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif not obj["quiet"]:
+        render_summary(result, out)
+    differs = compare and max(result["compare"]["outputs_max_rel"], result["compare"]["state_max_rel"]) > RTOL
+    if differs:
+        raise CheckFailed(f"the planned run differs from the plain ORT run by more than {RTOL:g} relative "
+                          f"(outputs {result['compare']['outputs_max_rel']:.3g}, state {result['compare']['state_max_rel']:.3g})")
+
+
+@cli.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
               help="Directory to write the pictures into (it must exist).")

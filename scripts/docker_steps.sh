@@ -27,6 +27,10 @@ roam -q optimize "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/pl
 roam -q report "$work/plan.json" --format markdown > "$work/plan.md"
 roam -q plot "$work/plan.json" -o "$work"
 roam -q export "$work/plan.json" --perfetto "$work/trace.json" --memory-snapshot "$work/snapshot.pickle"
+# a training loop on the plan: full step, plan, 3 steps from the plan's arena, checked against plain ORT
+roam -q make-training-graph "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/step.onnx" --in-graph-optimizer
+roam -q optimize "$work/step.onnx" -o "$work/step_plan.json"
+roam -q train "$work/step.onnx" --plan "$work/step_plan.json" --steps 3 --compare
 for f in plan.md live_memory.png layout.svg trace.json snapshot.pickle; do
     test -s "$work/$f" || { echo "docker_steps: $f was not written" >&2; exit 1; }
 done

@@ -1,0 +1,130 @@
+"""ONNX Runtime's own session, allocating from one arena laid out by roam.
+
+With memory patterns off and PRIORITY_BASED order, the allocation requests ORT makes during a
+step are the same every step: the same sizes, in the same order, freed at the same points. So
+the first step is recorded (served by the real allocator), the recorded requests are laid out
+by roam's layout solver as buffers whose lifetimes are the step's allocation events, and every
+later step is served from one arena of that layout's size: request k at offset k. Whatever the
+recording does not cover falls back to the real allocator and is counted per step (see
+`_planalloc.c` for how the requests are intercepted, and why there).
+
+    arena = ArenaAllocator("cpu")
+    session = ort.InferenceSession(model, arena.session_options(options), providers=arena.providers())
+    for batch in batches:
+        with arena.step() as step:
+            ...run the session, copy out what you keep, drop ORT's outputs...
+        print(step.stats)
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import onnxruntime as ort
+from onnxruntime.capi import onnxruntime_pybind11_state
+
+from roam_cli import layout
+from roam_cli.errors import RoamError
+from roam_cli.runtime import _planalloc
+
+ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
+ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]
+
+
+def _round_up(n: int) -> int:
+    return -(-n // ALIGNMENT) * ALIGNMENT
+
+
+@dataclass
+class Recording:
+    """One step's requests: bytes, and the allocation events during which each was live."""
+
+    sizes: list[int]
+    lifetimes: list[tuple[int, int]]  # [alloc event, free event), half-open
+
+    @property
+    def buffers(self) -> list[tuple[int, int, int]]:
+        return [(lo, hi, _round_up(size)) for size, (lo, hi) in zip(self.sizes, self.lifetimes)]
+
+
+@dataclass
+class Step:
+    """What one step asked of the allocator (filled in when the step's block ends)."""
+
+    number: int
+    recorded: bool = False
+    stats: dict = field(default_factory=dict)
+
+
+class ArenaAllocator:
+    """Serves one device's ORT allocations from an arena laid out by roam after the first step."""
+
+    def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0):
+        if device not in ("cpu", "cuda"):
+            raise RoamError(f"unknown device {device!r} (cpu or cuda)")
+        self.device, self.strategy, self.time_limit = device, strategy, time_limit
+        self.steps = 0
+        self.recording: Recording | None = None
+        self.layout: dict = {}
+        if device == "cpu":
+            try:
+                _planalloc.install(ORT_LIBRARY)
+            except RuntimeError as e:
+                raise RoamError(f"cannot serve ONNX Runtime's CPU allocations: {e}") from None
+        else:
+            try:
+                self.cuda_functions = _planalloc.cuda_functions()
+            except RuntimeError as e:
+                raise RoamError(f"cannot serve ONNX Runtime's CUDA allocations: {e}") from None
+
+    def session_options(self, options: ort.SessionOptions) -> ort.SessionOptions:
+        """`options` made to send every tensor to this allocator, one request per tensor."""
+        options.enable_mem_pattern = False  # a pattern is one block for the whole step: nothing to place
+        options.enable_mem_reuse = False  # ORT's own reuse would hand one request to several tensors
+        if self.device == "cpu":
+            options.enable_cpu_mem_arena = False  # ORT's CPU allocator then asks posix_memalign per tensor
+        return options
+
+    def providers(self) -> list:
+        if self.device == "cpu":
+            return ["CPUExecutionProvider"]
+        alloc, free, empty = self.cuda_functions
+        return [("CUDAExecutionProvider", {"gpu_external_alloc": str(alloc), "gpu_external_free": str(free),
+                                           "gpu_external_empty_cache": str(empty)}), "CPUExecutionProvider"]
+
+    @contextmanager
+    def step(self):
+        """One step: recorded if it is the first, served from the arena after that."""
+        self.steps += 1
+        current = Step(self.steps, recorded=self.recording is None)
+        if current.recorded:
+            _planalloc.begin_record(self.device)
+            try:
+                yield current
+            finally:
+                sizes, allocs, frees, events = _planalloc.end_record(self.device)
+            self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)])
+            current.stats = {"recorded": len(sizes), "recorded_bytes": sum(sizes)}
+            self._load(self.recording)
+        else:
+            _planalloc.begin_step(self.device)
+            try:
+                yield current
+            finally:
+                current.stats = _planalloc.end_step(self.device)
+
+    def _load(self, recording: Recording) -> None:
+        t = time.perf_counter()
+        buffers = recording.buffers
+        placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
+        pairs = _planalloc.load_plan(self.device, recording.sizes, placed.offsets, [b[2] for b in buffers],
+                                     placed.arena)
+        self.layout = {"strategy": self.strategy, "requests": len(buffers), "arena_bytes": placed.arena,
+                       "peak_live_bytes": layout.peak_live(buffers), "address_sharing_pairs": pairs,
+                       "seconds": time.perf_counter() - t}
+
+    def close(self) -> None:
+        """Free the arena (every buffer ORT had from it must be gone)."""
+        _planalloc.drop(self.device)

@@ -1,0 +1,330 @@
+"""Training steps on ONNX Runtime as the plan says: its order, its arena, the state updated in place.
+
+`PlannedSession` is the Python API a user's own loop calls; `train` is `roam train`'s loop.
+
+A full-step graph (`roam make-training-graph --in-graph-optimizer`, or any graph that declares
+output -> state pairs, see `memory.declared_pairs`) takes its state as graph inputs and returns
+the new state as outputs. Each state output is bound to its input's own buffer, so the step
+updates the state in place, as the plan assumes, and the next step reads it from there. Every
+other input is fed per step; every other output is returned.
+
+Sessions run the nodes in the file's order (PRIORITY_BASED) at the optimisation level
+`execute.session` uses, with random ops seeded (`execute.seed_random_ops`), so that a planned run
+and an unplanned one draw the same masks."""
+
+from __future__ import annotations
+
+import os
+import statistics
+import tempfile
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+
+from roam_cli import memory
+from roam_cli.errors import RoamError
+from roam_cli.onnx_import import import_model
+from roam_cli.optimizer_graph import LEARNING_RATE
+from roam_cli.runtime.allocator import ArenaAllocator
+from roam_cli.runtime.execute import (ARENA_NAMES, FUSIONS, ORDERED_LEVEL, RTOL, absolute_weights, check_device,
+                                      difference, extended_bytes, first_line, in_order, input_specs,
+                                      seed_random_ops)
+from roam_cli.runtime.synthetic import synthesize
+from roam_cli.units import format_bytes
+
+ALLOCATORS = ("roam", "ort", "ort-same-as-requested")
+
+
+@dataclass
+class StepResult:
+    number: int
+    outputs: dict[str, np.ndarray]  # the outputs that are not state (the loss, ...)
+    seconds: float
+    memory: dict = field(default_factory=dict)  # the allocator's figures for this step
+
+
+class PlannedSession:
+    """One training graph in ONNX Runtime, run step after step with its state updated in place.
+
+    allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
+    recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
+    exactly what is asked (CPU: registered process-wide, as ORT allows)."""
+
+    def __init__(self, model_path: Path, plan: dict | None = None, *, device: str = "cpu",
+                 allocator: str = "roam", ordered: bool = True, seed: int = 0):
+        if allocator not in ALLOCATORS:
+            raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
+        check_device(device)
+        imported = import_model(model_path, (plan or {}).get("dims", {}))
+        if plan is not None and plan["model"]["sha256"] != imported.sha256:
+            raise RoamError(f"{model_path}: the plan was made for another model (sha256 "
+                            f"{plan['model']['sha256'][:12]}..., this file is {imported.sha256[:12]}...)")
+        self.device, self.allocator_name, self.plan = device, allocator, plan
+        self.graph = imported.graph
+        self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
+        not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
+        if not_fed:
+            raise RoamError(f"state {not_fed[0]!r} is an initializer: roam trains graphs whose state is "
+                            "graph inputs (roam make-training-graph --in-graph-optimizer writes such)")
+        # the plan's order, whichever member of the pair was given (the annotated model has it already)
+        model = in_order(imported.model, plan["order"]) if plan is not None and ordered else imported.model
+        seed_random_ops(model, seed)
+        absolute_weights(model, model_path.resolve().parent)
+        self.arena = ArenaAllocator(device) if allocator == "roam" else None
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        if ordered:
+            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+            options.graph_optimization_level = ORDERED_LEVEL
+        if self.arena is not None:
+            options = self.arena.session_options(options)
+            providers = self.arena.providers()
+        else:
+            providers = ort_providers(device, options, same_as_requested=allocator == "ort-same-as-requested")
+        try:
+            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
+                                                disabled_optimizers=FUSIONS if ordered else None)
+        except Exception as e:
+            raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
+        self.input_names = [i.name for i in self.session.get_inputs()]
+        self.output_names = [o.name for o in self.session.get_outputs()]
+        self.state: dict[str, ort.OrtValue] = {}
+        self.steps = 0
+        self.ort_arena_bytes = 0
+
+    @property
+    def state_names(self) -> list[str]:
+        return [name for name in self.input_names if name in self.inplace.values()]
+
+    def set_state(self, values: dict[str, np.ndarray]) -> None:
+        """The state's starting values (copied to the device; the session owns them from here)."""
+        missing = [name for name in self.state_names if name not in values]
+        if missing:
+            raise RoamError(f"no starting value for state {missing[0]!r}")
+        self.state = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values[name]).copy(), self.device, 0)
+                      for name in self.state_names}
+
+    def state_arrays(self) -> dict[str, np.ndarray]:
+        return {name: v.numpy().copy() for name, v in self.state.items()}
+
+    def step(self, batch: dict[str, np.ndarray]) -> StepResult:
+        """One step: `batch` feeds every input that is not state; the state is updated in place."""
+        self.steps += 1
+        binding = self.session.io_binding()
+        keep = []  # the OrtValues of this step's batch must outlive the run
+        for name in self.input_names:
+            if name in self.state:
+                binding.bind_ortvalue_input(name, self.state[name])
+            else:
+                value = ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(batch[name]), self.device, 0)
+                keep.append(value)
+                binding.bind_ortvalue_input(name, value)
+        returned = [name for name in self.output_names if name not in self.inplace]
+        for name in self.output_names:
+            if name in self.inplace:
+                binding.bind_ortvalue_output(name, self.state[self.inplace[name]])
+            else:
+                binding.bind_output(name, self.device)
+        t = time.perf_counter()
+        with self._allocator_step() as memory_figures:
+            try:
+                self.session.run_with_iobinding(binding)
+            except Exception as e:
+                raise RoamError(f"ONNX Runtime could not run step {self.steps}: {first_line(e)}") from None
+            values = binding.get_outputs()
+            outputs = {name: values[self.output_names.index(name)].numpy().copy() for name in returned}
+            # ORT's outputs go back to the allocator inside the step: the next step may reuse their place
+            del values
+            binding.clear_binding_outputs()
+            del binding
+        return StepResult(self.steps, outputs, time.perf_counter() - t, memory_figures)
+
+    @contextmanager
+    def _allocator_step(self):
+        figures: dict = {}
+        if self.arena is None:  # ORT's arena: what it grew by so far is what it holds
+            with ort_arena_log(self.device) as log:
+                yield figures
+            self.ort_arena_bytes += log["bytes"] or 0
+            figures["bytes"] = self.ort_arena_bytes
+            return
+        with self.arena.step() as step:
+            yield figures
+        figures.update(step.stats)
+        if step.recorded:
+            figures.update(self.arena.layout)
+            figures["bytes"] = self.arena.layout["peak_live_bytes"]
+        else:
+            figures["bytes"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+
+
+def ort_providers(device: str, options: ort.SessionOptions, same_as_requested: bool) -> list:
+    providers: list = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    if not same_as_requested:
+        return providers
+    if device == "cpu":  # the CPU provider takes arena settings only from a shared allocator
+        memory_info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
+        ort.create_and_register_allocator(memory_info, ort.OrtArenaCfg(0, 1, -1, -1))  # 1 = kSameAsRequested
+        options.add_session_config_entry("session.use_env_allocators", "1")
+        return providers
+    providers[0] = (providers[0], {"arena_extend_strategy": "kSameAsRequested"})
+    return providers
+
+
+@contextmanager
+def ort_arena_log(device: str):
+    """ORT's arena growth while the block runs, from its INFO log: fd 2 goes to a file meanwhile.
+    Yields a dict that gets `bytes` (None when ORT logged no arena)."""
+    figures: dict = {}
+    log = tempfile.TemporaryFile()
+    saved = os.dup(2)
+    os.dup2(log.fileno(), 2)
+    ort.set_default_logger_severity(1)
+    try:
+        yield figures
+    finally:
+        ort.set_default_logger_severity(3)
+        os.dup2(saved, 2)
+        os.close(saved)
+        log.seek(0)
+        figures["bytes"] = extended_bytes(log.read().decode(errors="replace"), ARENA_NAMES[device])
+        log.close()
+
+
+def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed: int,
+                    learning_rate: float, kinds: dict[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+    """Every input's first value: `given`, else optimizer state zero (Adam's moments and step
+    start there), `learning_rate` the option's, and the rest synthetic. Returns (values, the
+    names synthesised)."""
+    specs = input_specs(session.graph)
+    values, synthesised = {}, []
+    for name, dtype, shape in specs:
+        if name in given:
+            values[name] = given[name]
+        elif kinds.get(name) == "optimizer_state":
+            values[name] = np.zeros(shape, dtype=dtype)
+        elif name == LEARNING_RATE:
+            values[name] = np.full(shape, learning_rate, dtype=dtype)
+        else:
+            synthesised.append(name)
+    values |= synthesize([(name, np.dtype(dtype), shape) for name, dtype, shape in specs if name in synthesised], seed)
+    return values, synthesised
+
+
+def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.ndarray]:
+    """The .npz's arrays by input name. A data input's array may hold one batch per step along an
+    extra first axis (cycled when there are fewer batches than steps)."""
+    if path is None:
+        return {}
+    try:
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except (OSError, ValueError, EOFError) as e:
+        raise RoamError(f"--inputs {path}: not a readable .npz file ({first_line(e)})") from None
+    specs = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in input_specs(session.graph)}
+    for name, array in arrays.items():
+        if name not in specs:
+            raise RoamError(f"--inputs: {name!r} is not an input of the model")
+        dtype, shape = specs[name]
+        per_step = name not in session.state_names and array.shape[1:] == shape and array.ndim == len(shape) + 1
+        if array.dtype != dtype or not (array.shape == shape or per_step):
+            raise RoamError(f"--inputs: {name!r} is {array.dtype}{list(array.shape)}, the model takes "
+                            f"{dtype}{list(shape)}" + ("" if name in session.state_names else " (or [steps, ...])"))
+    return arrays
+
+
+def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
+              session: PlannedSession) -> dict[str, np.ndarray]:
+    specs = {name: tuple(shape) for name, _, shape in input_specs(session.graph)}
+    batch = {}
+    for name in session.input_names:
+        if name in session.state_names:
+            continue
+        array = arrays.get(name, values[name])
+        batch[name] = array if array.shape == specs[name] else array[(step - 1) % array.shape[0]]
+    return batch
+
+
+def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
+          seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
+          on_step=None) -> dict:
+    """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
+    ORT session (ORT's order, optimisations and arena) and the differences. Plain values out."""
+    report = on_step or (lambda result: None)
+    if steps < 1:
+        raise RoamError(f"--steps must be at least 1, got {steps}")
+    kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
+    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed)
+    arrays = read_batches(inputs_path, planned)
+    start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
+    planned.set_state(start)
+    rows = []
+    for k in range(1, steps + 1):
+        result = planned.step(batch_for(k, start, arrays, planned))
+        rows.append(result)
+        report(result)
+    figures = {
+        "model": str(model_path), "provider": device, "allocator": allocator, "steps": steps, "seed": seed,
+        "synthesised_inputs": synthesised,
+        "plan": {"arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"],
+                 "persistent_bytes": plan["persistent_bytes"]},
+        "per_step": [{"step": r.number, "outputs": {n: v.tolist() for n, v in r.outputs.items() if v.size == 1},
+                      "seconds": r.seconds, "memory": r.memory} for r in rows],
+        "arena": planned.arena.layout if planned.arena else None,
+    }
+    if compare:
+        figures["compare"] = compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed)
+    return figures
+
+
+def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed) -> dict:
+    """The same steps on a plain session of the same file: ORT's default order, optimisations and
+    arena. The largest difference in the returned outputs per step and in the final state, each
+    relative to the reference's largest magnitude (`execute.difference`)."""
+    plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed)
+    plain.set_state(start)
+    per_step, seconds = [], []
+    for r in rows:
+        ref = plain.step(batch_for(r.number, start, arrays, plain))
+        per_step.append(max((difference(ref.outputs[n], r.outputs[n])[1] for n in ref.outputs), default=0.0))
+        seconds.append(ref.seconds)
+    got, ref_state = planned.state_arrays(), plain.state_arrays()
+    return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
+            "state_max_rel": max((difference(ref_state[n], got[n])[1] for n in ref_state), default=0.0),
+            "state_tensors": len(ref_state), "plain_seconds": seconds}
+
+
+def render_step(r: StepResult, steps: int, plan: dict) -> str:
+    scalars = "  ".join(f"{name} {float(v):.6g}" for name, v in r.outputs.items() if v.size == 1)
+    m = r.memory
+    held = f"ORT held {format_bytes(m['bytes'])}" if m.get("bytes") is not None else "ORT held (not logged)"
+    how = ("recorded" if "recorded" in m else f"unplanned {m['unplanned']}") if "served" in m or "recorded" in m else ""
+    return (f"step {r.number:>{len(str(steps))}}/{steps}  {scalars}  {held} (plan arena "
+            f"{format_bytes(plan['arena_bytes'])})  {how}  {r.seconds * 1e3:.1f} ms").rstrip()
+
+
+def render_summary(result: dict, console) -> None:
+    rows = result["per_step"]
+    later = rows[1:] or rows
+    unplanned = sum(r["memory"].get("unplanned", 0) for r in later)
+    line = (f"{result['steps']} steps on {result['provider']} with the {result['allocator']} allocator; "
+            f"median step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms")
+    if result["arena"]:
+        a = result["arena"]
+        line += (f"; arena {format_bytes(a['arena_bytes'])} for {a['requests']} requests per step "
+                 f"(plan arena {format_bytes(result['plan']['arena_bytes'])}); "
+                 f"{unplanned} unplanned requests after step 1")
+    console.print(line, highlight=False, soft_wrap=True)
+    if "compare" in result:
+        c = result["compare"]
+        ok = max(c["outputs_max_rel"], c["state_max_rel"]) <= RTOL
+        console.print(f"{'[bold green]OK[/bold green]' if ok else '[bold red]DIFFERS[/bold red]'}: against a plain "
+                      f"ORT run, outputs differ by at most {c['outputs_max_rel']:.3g} and the final state "
+                      f"({c['state_tensors']} tensors) by {c['state_max_rel']:.3g} relative (tolerance {RTOL:g}); "
+                      f"plain median step {statistics.median(c['plain_seconds'][1:] or c['plain_seconds']) * 1e3:.1f} ms",
+                      soft_wrap=True)
