@@ -53,10 +53,11 @@ class PlannedSession:
 
     allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
     recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
-    exactly what is asked (CPU: registered process-wide, as ORT allows)."""
+    exactly what is asked (CPU: registered process-wide, as ORT allows). ORT's arena bytes come
+    from its INFO log, which costs step time: `log_arena=False` leaves them out."""
 
     def __init__(self, model_path: Path, plan: dict | None = None, *, device: str = "cpu",
-                 allocator: str = "roam", ordered: bool = True, seed: int = 0):
+                 allocator: str = "roam", ordered: bool = True, seed: int = 0, log_arena: bool = True):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
@@ -95,6 +96,7 @@ class PlannedSession:
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.state: dict[str, ort.OrtValue] = {}
         self.steps = 0
+        self.log_arena = log_arena
         self.ort_arena_bytes = 0
 
     @property
@@ -147,6 +149,9 @@ class PlannedSession:
     @contextmanager
     def _allocator_step(self):
         figures: dict = {}
+        if self.arena is None and not self.log_arena:
+            yield figures
+            return
         if self.arena is None:  # ORT's arena: what it grew by so far is what it holds
             with ort_arena_log(self.device) as log:
                 yield figures
@@ -252,14 +257,14 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
 
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
-          on_step=None) -> dict:
+          log_arena: bool = True, on_step=None) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order, optimisations and arena) and the differences. Plain values out."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
     kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
-    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed)
+    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena)
     arrays = read_batches(inputs_path, planned)
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
     planned.set_state(start)
@@ -286,7 +291,7 @@ def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, s
     """The same steps on a plain session of the same file: ORT's default order, optimisations and
     arena. The largest difference in the returned outputs per step and in the final state, each
     relative to the reference's largest magnitude (`execute.difference`)."""
-    plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed)
+    plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False)
     plain.set_state(start)
     per_step, seconds = [], []
     for r in rows:

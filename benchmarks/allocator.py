@@ -1,0 +1,171 @@
+#!/usr/bin/env python3
+"""ONNX Runtime's memory for real training steps, with its own arena and with roam's, side by side.
+
+    python benchmarks/allocator.py                                 # the sample's full step
+    python benchmarks/allocator.py step.onnx other.onnx --steps 8
+    python benchmarks/allocator.py /work/suite_cache --inputs-dir /work/suite_cache --compare 20
+
+Each graph is a full training step whose state is updated in place (`roam make-training-graph
+--in-graph-optimizer`; a folder is searched for `full_step*.onnx`). The sample's full step is
+made from the bundled artifacts graph. Per graph, `roam optimize` plans it, then `roam train`'s
+loop (`roam_cli.runtime.train.train`) runs --steps steps three times, each in a fresh process:
+
+- ORT default arena: ORT's BFC arena (next power of two), the plan's order;
+- ORT same as requested: ORT's BFC arena grown by exactly what is asked (kSameAsRequested);
+- ORT + roam allocator: ORT's session allocating from roam's arena (first step recorded).
+
+ORT's arena bytes come from its INFO log, which slows its steps; its step time is taken from one
+more run with the log off.
+
+Bytes are what the allocator held for the step (for ORT's arenas, what they grew to: their INFO
+log; for roam's, the arena plus whatever fell back); the plan's are its arena and persistent
+bytes. Step times are medians over the steps after the first. With --compare N the roam run
+goes on for N steps and is checked against a plain ORT session (ORT's order, optimisations and
+arena): largest relative difference of the loss per step and of the final state. Inputs come
+from `<inputs-dir>/<graph folder name>.npz` when present (`roam train --inputs`), else are
+synthesised. Prints a markdown table and writes it with the raw figures to --out (.md, .json)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
+MIB = 2**20
+VARIANTS = (("ort", "ORT default arena"), ("ort-same-as-requested", "ORT same as requested"),
+            ("roam", "ORT + roam allocator"))
+
+
+def graphs(paths: list[Path]) -> list[Path]:
+    found = []
+    for p in paths:
+        found += sorted(p.rglob("full_step*.onnx")) if p.is_dir() else [p]
+    return found
+
+
+def roam(*args) -> None:
+    subprocess.run([sys.executable, "-m", "roam_cli", "-q", *map(str, args)], check=True)
+
+
+def one_run(model: str, plan_path: str, steps: int, allocator: str, inputs: str | None, compare: bool,
+            log_arena: bool = True) -> dict:
+    """In a fresh process: ORT's kSameAsRequested arena is registered process-wide."""
+    from roam_cli import plan as plan_io
+    from roam_cli.runtime.train import train
+
+    return train(Path(model), plan_io.read(plan_path), steps, allocator=allocator,
+                 inputs_path=Path(inputs) if inputs else None, compare=compare, log_arena=log_arena)
+
+
+def in_child(*args) -> dict:
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(one_run, *args).result()
+
+
+def median_ms(result: dict) -> float:
+    later = result["per_step"][1:] or result["per_step"]
+    return statistics.median(s["seconds"] for s in later) * 1e3
+
+
+def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: int) -> dict:
+    plan_path = work / (model.parent.name + "_" + model.stem + ".plan.json")
+    t = time.perf_counter()
+    roam("optimize", model, "-o", plan_path)
+    plan_seconds = time.perf_counter() - t
+    plan = json.loads(plan_path.read_text())
+    row = {"graph": f"{model.parent.name}/{model.name}", "nodes": len(plan["order"]), "plan_seconds": plan_seconds,
+           "plan_arena_bytes": plan["arena_bytes"], "plan_peak_live_bytes": plan["peak_live_bytes"],
+           "persistent_bytes": plan["persistent_bytes"], "steps": steps, "runs": {}}
+    for allocator, _ in VARIANTS:
+        n = max(steps, compare) if allocator == "roam" else steps
+        result = in_child(str(model), str(plan_path), n, allocator, str(inputs) if inputs else None,
+                          bool(compare) and allocator == "roam")
+        later = result["per_step"][1:]
+        row["runs"][allocator] = {
+            "bytes": max(s["memory"].get("bytes") or 0 for s in result["per_step"]),
+            "median_step_ms": median_ms(result),
+            "unplanned_after_first": sum(s["memory"].get("unplanned", 0) for s in later),
+            "loss": [s["outputs"].get("loss") for s in result["per_step"]],
+            "arena": result["arena"], "compare": result.get("compare"),
+        }
+    untimed = in_child(str(model), str(plan_path), steps, "ort", str(inputs) if inputs else None, False, False)
+    row["runs"]["ort"]["median_step_ms"] = median_ms(untimed)
+    return row
+
+
+def render(rows: list[dict], header: str) -> str:
+    def mib(n):
+        return f"{n / MIB:,.2f}"
+
+    lines = [header, "",
+             "| graph | nodes | ORT default arena | ORT same as requested | ORT + roam allocator | plan arena "
+             "| roam / plan | persistent | unplanned after step 1 | ORT step ms | roam step ms | time ratio |",
+             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        runs = r["runs"]
+        ours, ort_ = runs["roam"], runs["ort"]
+        lines.append(f"| {r['graph']} | {r['nodes']:,} | {mib(ort_['bytes'])} | {mib(runs['ort-same-as-requested']['bytes'])} "
+                     f"| {mib(ours['bytes'])} | {mib(r['plan_arena_bytes'])} | "
+                     f"{ours['bytes'] / r['plan_arena_bytes'] - 1:+.2%} | {mib(r['persistent_bytes'])} | "
+                     f"{ours['unplanned_after_first']} | {ort_['median_step_ms']:,.1f} | {ours['median_step_ms']:,.1f} | "
+                     f"{ours['median_step_ms'] / ort_['median_step_ms']:.3f} |")
+    compared = [r for r in rows if r["runs"]["roam"]["compare"]]
+    if compared:
+        lines += ["", "| graph | steps | loss: max relative difference per step | final state: max relative "
+                  "difference | plain ORT step ms |", "|---|---:|---:|---:|---:|"]
+        for r in compared:
+            c = r["runs"]["roam"]["compare"]
+            plain = statistics.median(c["plain_seconds"][1:] or c["plain_seconds"]) * 1e3
+            lines.append(f"| {r['graph']} | {len(c['outputs_max_rel_per_step'])} | {c['outputs_max_rel']:.2g} | "
+                         f"{c['state_max_rel']:.2g} ({c['state_tensors']} tensors) | {plain:,.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("paths", nargs="*", type=Path)
+    ap.add_argument("--steps", type=int, default=6, help="steps per allocator (the first is recorded)")
+    ap.add_argument("--compare", type=int, default=0, metavar="N",
+                    help="also run N steps with roam's allocator against a plain ORT session")
+    ap.add_argument("--inputs-dir", type=Path, help="<graph folder name>.npz files for roam train --inputs")
+    ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator")
+    args = ap.parse_args(argv)
+    header = (f"roam allocator benchmark, {time.strftime('%Y-%m-%d')}: {platform.machine()} x{os.cpu_count()} CPUs, "
+              f"Python {platform.python_version()}, onnxruntime {__import__('onnxruntime').__version__}; "
+              f"MiB; {args.steps} steps per allocator")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        todo = graphs(args.paths)
+        if not args.paths:
+            sample = work / "gpt2_tiny" / "full_step.onnx"
+            sample.parent.mkdir()
+            roam("make-training-graph", SAMPLE, "-o", sample, "--in-graph-optimizer")
+            todo = [sample]
+        for model in todo:
+            inputs = args.inputs_dir / f"{model.parent.name}.npz" if args.inputs_dir else None
+            print(f"# {model}", file=sys.stderr, flush=True)
+            rows.append(measure(model, work, args.steps, inputs if inputs and inputs.is_file() else None, args.compare))
+    table = render(rows, header)
+    print(table)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.with_suffix(".md").write_text(table)
+    args.out.with_suffix(".json").write_text(json.dumps({"header": header, "rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
