@@ -3,7 +3,7 @@
 
     python benchmarks/allocator.py                                 # the sample's full step
     python benchmarks/allocator.py step.onnx other.onnx --steps 8
-    python benchmarks/allocator.py /work/suite_cache --inputs-dir /work/suite_cache --compare 20
+    python benchmarks/allocator.py /work/suite_cache --compare 20
 
 Each graph is a full training step whose state is updated in place (`roam make-training-graph
 --in-graph-optimizer`; a folder is searched for `full_step*.onnx`). The sample's full step is
@@ -17,13 +17,14 @@ loop (`roam_cli.runtime.train.train`) runs --steps steps three times, each in a 
 ORT's arena bytes come from its INFO log, which slows its steps; its step time is taken from one
 more run with the log off.
 
-Bytes are what the allocator held for the step (for ORT's arenas, what they grew to: their INFO
-log; for roam's, the arena plus whatever fell back); the plan's are its arena and persistent
-bytes. Step times are medians over the steps after the first. With --compare N the roam run
+Bytes are device memory for everything but the state (parameters, moments: buffers the loop
+owns and ORT updates in place, the same in every run): for ORT's arenas, what they grew to from
+the session's start (their INFO log; the graph's constants are in there); for roam's, its arena,
+whatever fell back, and the constants (ORT allocates those at the session's start, outside the
+arena); for the plan, its arena and its constants. Step times are medians over the steps after the first. With --compare N the roam run
 goes on for N steps and is checked against a plain ORT session (ORT's order, optimisations and
 arena): largest relative difference of the loss per step and of the final state. Inputs come
-from `<inputs-dir>/<graph folder name>.npz` when present (`roam train --inputs`), else are
-synthesised. Prints a markdown table and writes it with the raw figures to --out (.md, .json)."""
+from `inputs.npz` beside the graph when present (`roam train --inputs`), else are synthesised. Prints a markdown table and writes it with the raw figures to --out (.md, .json)."""
 
 from __future__ import annotations
 
@@ -86,16 +87,19 @@ def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: i
     roam("optimize", model, "-o", plan_path)
     plan_seconds = time.perf_counter() - t
     plan = json.loads(plan_path.read_text())
+    constants = sum(t["bytes"] for t in plan["tensors"] if t["kind"] == "constant")
     row = {"graph": f"{model.parent.name}/{model.name}", "nodes": len(plan["order"]), "plan_seconds": plan_seconds,
            "plan_arena_bytes": plan["arena_bytes"], "plan_peak_live_bytes": plan["peak_live_bytes"],
-           "persistent_bytes": plan["persistent_bytes"], "steps": steps, "runs": {}}
+           "constant_bytes": constants, "state_bytes": plan["persistent_bytes"] - constants, "steps": steps,
+           "runs": {}}
     for allocator, _ in VARIANTS:
         n = max(steps, compare) if allocator == "roam" else steps
         result = in_child(str(model), str(plan_path), n, allocator, str(inputs) if inputs else None,
                           bool(compare) and allocator == "roam")
         later = result["per_step"][1:]
+        held = max(s["memory"].get("bytes") or 0 for s in result["per_step"])
         row["runs"][allocator] = {
-            "bytes": max(s["memory"].get("bytes") or 0 for s in result["per_step"]),
+            "bytes": held + (constants if allocator == "roam" else 0),
             "median_step_ms": median_ms(result),
             "unplanned_after_first": sum(s["memory"].get("unplanned", 0) for s in later),
             "loss": [s["outputs"].get("loss") for s in result["per_step"]],
@@ -111,15 +115,16 @@ def render(rows: list[dict], header: str) -> str:
         return f"{n / MIB:,.2f}"
 
     lines = [header, "",
-             "| graph | nodes | ORT default arena | ORT same as requested | ORT + roam allocator | plan arena "
-             "| roam / plan | persistent | unplanned after step 1 | ORT step ms | roam step ms | time ratio |",
+             "| graph | nodes | ORT default arena | ORT same as requested | ORT + roam allocator | plan arena + constants "
+             "| roam / plan | state (all runs) | unplanned after step 1 | ORT step ms | roam step ms | time ratio |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         runs = r["runs"]
         ours, ort_ = runs["roam"], runs["ort"]
+        planned = r["plan_arena_bytes"] + r["constant_bytes"]
         lines.append(f"| {r['graph']} | {r['nodes']:,} | {mib(ort_['bytes'])} | {mib(runs['ort-same-as-requested']['bytes'])} "
-                     f"| {mib(ours['bytes'])} | {mib(r['plan_arena_bytes'])} | "
-                     f"{ours['bytes'] / r['plan_arena_bytes'] - 1:+.2%} | {mib(r['persistent_bytes'])} | "
+                     f"| {mib(ours['bytes'])} | {mib(planned)} | {ours['bytes'] / planned - 1:+.2%} | "
+                     f"{mib(r['state_bytes'])} | "
                      f"{ours['unplanned_after_first']} | {ort_['median_step_ms']:,.1f} | {ours['median_step_ms']:,.1f} | "
                      f"{ours['median_step_ms'] / ort_['median_step_ms']:.3f} |")
     compared = [r for r in rows if r["runs"]["roam"]["compare"]]
@@ -140,7 +145,6 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="steps per allocator (the first is recorded)")
     ap.add_argument("--compare", type=int, default=0, metavar="N",
                     help="also run N steps with roam's allocator against a plain ORT session")
-    ap.add_argument("--inputs-dir", type=Path, help="<graph folder name>.npz files for roam train --inputs")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator")
     args = ap.parse_args(argv)
     header = (f"roam allocator benchmark, {time.strftime('%Y-%m-%d')}: {platform.machine()} x{os.cpu_count()} CPUs, "
@@ -156,9 +160,9 @@ def main(argv=None) -> int:
             roam("make-training-graph", SAMPLE, "-o", sample, "--in-graph-optimizer")
             todo = [sample]
         for model in todo:
-            inputs = args.inputs_dir / f"{model.parent.name}.npz" if args.inputs_dir else None
+            inputs = model.parent / "inputs.npz"
             print(f"# {model}", file=sys.stderr, flush=True)
-            rows.append(measure(model, work, args.steps, inputs if inputs and inputs.is_file() else None, args.compare))
+            rows.append(measure(model, work, args.steps, inputs if inputs.is_file() else None, args.compare))
     table = render(rows, header)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

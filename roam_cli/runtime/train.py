@@ -18,7 +18,7 @@ import os
 import statistics
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -87,17 +87,18 @@ class PlannedSession:
             providers = self.arena.providers()
         else:
             providers = ort_providers(device, options, same_as_requested=allocator == "ort-same-as-requested")
-        try:
-            self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
-                                                disabled_optimizers=FUSIONS if ordered else None)
-        except Exception as e:
-            raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
+        self.log_arena = log_arena and self.arena is None
+        with ort_arena_log(device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
+            try:
+                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
+                                                    disabled_optimizers=FUSIONS if ordered else None)
+            except Exception as e:
+                raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
+        self.ort_arena_bytes = log.get("bytes") or 0
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.state: dict[str, ort.OrtValue] = {}
         self.steps = 0
-        self.log_arena = log_arena
-        self.ort_arena_bytes = 0
 
     @property
     def state_names(self) -> list[str]:
@@ -152,7 +153,7 @@ class PlannedSession:
         if self.arena is None and not self.log_arena:
             yield figures
             return
-        if self.arena is None:  # ORT's arena: what it grew by so far is what it holds
+        if self.arena is None:  # ORT's arena: what it grew to so far (from the session's start) is what it holds
             with ort_arena_log(self.device) as log:
                 yield figures
             self.ort_arena_bytes += log["bytes"] or 0
