@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # `roam execute` on CUDAExecutionProvider, beside the CPU run, on the bundled sample and on any
-# training graphs given; prints one table row per model and provider.
+# training graphs given; prints one table row per model and provider. Then `roam train` on the
+# sample's full step per provider: ORT's session allocating from roam's arena (CUDA: through the
+# provider's gpu_external_alloc), 8 steps checked against a plain ORT session.
 #
 #   benchmarks/cuda_check.sh [MODEL.onnx ...]          # from the repository root
 #   PROVIDERS=cpu benchmarks/cuda_check.sh MODEL.onnx  # the same table without a GPU
@@ -50,5 +52,28 @@ for path in sorted(pathlib.Path(sys.argv[1]).glob("*.result")):
           f"{a['original_order']['next_power_of_two'] or 0:>13,} {a['original_order']['same_as_requested'] or 0:>13,} "
           f"{a['plan_order']['same_as_requested'] or 0:>13,} {r['plan']['arena_bytes']:>13,} "
           f"{sum(r['seconds'].values()):>5.0f}  {'; '.join(r['failures']) or 'OK'}")
+PY
+
+# roam's allocator in ORT's own session: the sample's full step, per provider
+python -m roam_cli -q make-training-graph sample_models/gpt2_tiny/training_model.onnx -o "$work/step.onnx" --in-graph-optimizer
+python -m roam_cli -q optimize "$work/step.onnx" -o "$work/step_plan.json"
+for provider in $PROVIDERS; do
+  python -m roam_cli train "$work/step.onnx" --plan "$work/step_plan.json" --provider "$provider" --steps 8 \
+    --compare --json > "$work/train.$provider.json" || status=1
+done
+python - "$work" <<'PY'
+import json, pathlib, sys
+print(f"\n{'roam train (sample full step)':<32} {'provider':<8} {'arena':>11} {'plan arena':>11} {'requests':>9} "
+      f"{'unplanned':>9} {'loss rel':>9} {'state rel':>9}")
+for path in sorted(pathlib.Path(sys.argv[1]).glob("train.*.json")):
+    text = path.read_text()
+    if not text.strip():
+        print(f"{path.name:<32} no result (see the error above)")
+        continue
+    r = json.loads(text)
+    unplanned = sum(s["memory"].get("unplanned", 0) for s in r["per_step"][1:])
+    c = r["compare"]
+    print(f"{'':<32} {r['provider']:<8} {r['arena']['arena_bytes']:>11,} {r['plan']['arena_bytes']:>11,} "
+          f"{r['arena']['requests']:>9} {unplanned:>9} {c['outputs_max_rel']:>9.1e} {c['state_max_rel']:>9.1e}")
 PY
 exit $status
