@@ -59,11 +59,16 @@ class Step:
 
 
 class ArenaAllocator:
-    """Serves one device's ORT allocations from an arena laid out by roam after the first step."""
+    """Serves one device's ORT allocations from an arena laid out by roam after the first step.
+    One per device at a time: the C side holds one arena per device."""
+
+    active: dict[str, "ArenaAllocator"] = {}
 
     def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0):
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
+        if device in ArenaAllocator.active:
+            raise RoamError(f"an arena allocator for {device} is in use already: close it first")
         self.device, self.strategy, self.time_limit = device, strategy, time_limit
         self.steps = 0
         self.recording: Recording | None = None
@@ -78,6 +83,7 @@ class ArenaAllocator:
                 self.cuda_functions = _planalloc.cuda_functions()
             except RuntimeError as e:
                 raise RoamError(f"cannot serve ONNX Runtime's CUDA allocations: {e}") from None
+        ArenaAllocator.active[device] = self
 
     def session_options(self, options: ort.SessionOptions) -> ort.SessionOptions:
         """`options` made to send every tensor to this allocator, one request per tensor."""
@@ -128,3 +134,4 @@ class ArenaAllocator:
     def close(self) -> None:
         """Free the arena (every buffer ORT had from it must be gone)."""
         _planalloc.drop(self.device)
+        ArenaAllocator.active.pop(self.device, None)

@@ -93,6 +93,8 @@ class PlannedSession:
                 self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
                                                     disabled_optimizers=FUSIONS if ordered else None)
             except Exception as e:
+                if self.arena is not None:
+                    self.arena.close()
                 raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
         self.ort_arena_bytes = log.get("bytes") or 0
         self.input_names = [i.name for i in self.session.get_inputs()]
@@ -111,6 +113,12 @@ class PlannedSession:
             raise RoamError(f"no starting value for state {missing[0]!r}")
         self.state = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values[name]).copy(), self.device, 0)
                       for name in self.state_names}
+
+    def close(self) -> None:
+        """End the session and give its arena back (the state stays readable)."""
+        del self.session
+        if self.arena is not None:
+            self.arena.close()
 
     def state_arrays(self) -> dict[str, np.ndarray]:
         return {name: v.numpy().copy() for name, v in self.state.items()}
@@ -285,6 +293,7 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
     }
     if compare:
         figures["compare"] = compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed)
+    planned.close()
     return figures
 
 
@@ -300,6 +309,7 @@ def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, s
         per_step.append(max((difference(ref.outputs[n], r.outputs[n])[1] for n in ref.outputs), default=0.0))
         seconds.append(ref.seconds)
     got, ref_state = planned.state_arrays(), plain.state_arrays()
+    plain.close()
     return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
             "state_max_rel": max((difference(ref_state[n], got[n])[1] for n in ref_state), default=0.0),
             "state_tensors": len(ref_state), "plain_seconds": seconds}
