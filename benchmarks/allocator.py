@@ -6,16 +6,18 @@
     python benchmarks/allocator.py /work/suite_cache --compare 20
 
 Each graph is a full training step whose state is updated in place (`roam make-training-graph
---in-graph-optimizer`; a folder is searched for `full_step*.onnx`). The sample's full step is
-made from the bundled artifacts graph. Per graph, `roam optimize` plans it, then `roam train`'s
+--in-graph-optimizer`; a folder is searched for `full_step*.onnx`). The sample's full step,
+made from the bundled artifacts graph, is always the first row. Per graph, `roam optimize` plans it, then `roam train`'s
 loop (`roam_cli.runtime.train.train`) runs --steps steps three times, each in a fresh process:
 
 - ORT default arena: ORT's BFC arena (next power of two), the plan's order;
 - ORT same as requested: ORT's BFC arena grown by exactly what is asked (kSameAsRequested);
 - ORT + roam allocator: ORT's session allocating from roam's arena (first step recorded).
 
-ORT's arena bytes come from its INFO log, which slows its steps; its step time is taken from one
-more run with the log off.
+ORT's arena bytes come from its INFO log, which slows its steps. Step times come from one more
+process holding two sessions, ORT's arena and roam's (logs off), stepping them in turn, so that
+both see the same load on the machine; their thread pools do not spin between steps (two idle
+pools spinning would take the cores from the one at work).
 
 Bytes are device memory for everything but the state (parameters, moments: buffers the loop
 owns and ORT updates in place, the same in every run): for ORT's arenas, what they grew to from
@@ -71,14 +73,31 @@ def one_run(model: str, plan_path: str, steps: int, allocator: str, inputs: str 
                  inputs_path=Path(inputs) if inputs else None, compare=compare, log_arena=log_arena)
 
 
-def in_child(*args) -> dict:
+def paired_times(model: str, plan_path: str, steps: int, inputs: str | None) -> dict:
+    """Median ms per step after the first, of ORT's arena and roam's, stepped in turn."""
+    from roam_cli import plan as plan_io
+    from roam_cli.runtime.train import PlannedSession, batch_for, read_batches, starting_values
+
+    plan = plan_io.read(plan_path)
+    kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
+    quiet = {"session.intra_op.allow_spinning": "0"}
+    sessions = {a: PlannedSession(Path(model), plan, allocator=a, log_arena=False, config=quiet) for a in ("ort", "roam")}
+    arrays = read_batches(Path(inputs) if inputs else None, sessions["roam"])
+    start, _ = starting_values(sessions["roam"], arrays, 0, 1e-3, kinds)
+    seconds = {a: [] for a in sessions}
+    for s in sessions.values():
+        s.set_state(start)
+    for k in range(1, steps + 1):
+        for a, s in sessions.items():
+            seconds[a].append(s.step(batch_for(k, start, arrays, s)).seconds)
+    for s in sessions.values():
+        s.close()
+    return {a: statistics.median(v[1:] or v) * 1e3 for a, v in seconds.items()}
+
+
+def in_child(function, *args) -> dict:
     with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
-        return pool.submit(one_run, *args).result()
-
-
-def median_ms(result: dict) -> float:
-    later = result["per_step"][1:] or result["per_step"]
-    return statistics.median(s["seconds"] for s in later) * 1e3
+        return pool.submit(function, *args).result()
 
 
 def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: int) -> dict:
@@ -94,19 +113,17 @@ def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: i
            "runs": {}}
     for allocator, _ in VARIANTS:
         n = max(steps, compare) if allocator == "roam" else steps
-        result = in_child(str(model), str(plan_path), n, allocator, str(inputs) if inputs else None,
+        result = in_child(one_run, str(model), str(plan_path), n, allocator, str(inputs) if inputs else None,
                           bool(compare) and allocator == "roam")
         later = result["per_step"][1:]
         held = max(s["memory"].get("bytes") or 0 for s in result["per_step"])
         row["runs"][allocator] = {
             "bytes": held + (constants if allocator == "roam" else 0),
-            "median_step_ms": median_ms(result),
             "unplanned_after_first": sum(s["memory"].get("unplanned", 0) for s in later),
             "loss": [s["outputs"].get("loss") for s in result["per_step"]],
             "arena": result["arena"], "compare": result.get("compare"),
         }
-    untimed = in_child(str(model), str(plan_path), steps, "ort", str(inputs) if inputs else None, False, False)
-    row["runs"]["ort"]["median_step_ms"] = median_ms(untimed)
+    row["median_step_ms"] = in_child(paired_times, str(model), str(plan_path), steps, str(inputs) if inputs else None)
     return row
 
 
@@ -122,11 +139,11 @@ def render(rows: list[dict], header: str) -> str:
         runs = r["runs"]
         ours, ort_ = runs["roam"], runs["ort"]
         planned = r["plan_arena_bytes"] + r["constant_bytes"]
+        t = r["median_step_ms"]
         lines.append(f"| {r['graph']} | {r['nodes']:,} | {mib(ort_['bytes'])} | {mib(runs['ort-same-as-requested']['bytes'])} "
                      f"| {mib(ours['bytes'])} | {mib(planned)} | {ours['bytes'] / planned - 1:+.2%} | "
                      f"{mib(r['state_bytes'])} | "
-                     f"{ours['unplanned_after_first']} | {ort_['median_step_ms']:,.1f} | {ours['median_step_ms']:,.1f} | "
-                     f"{ours['median_step_ms'] / ort_['median_step_ms']:.3f} |")
+                     f"{ours['unplanned_after_first']} | {t['ort']:,.1f} | {t['roam']:,.1f} | {t['roam'] / t['ort']:.3f} |")
     compared = [r for r in rows if r["runs"]["roam"]["compare"]]
     if compared:
         lines += ["", "| graph | steps | loss: max relative difference per step | final state: max relative "
@@ -153,13 +170,10 @@ def main(argv=None) -> int:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
-        todo = graphs(args.paths)
-        if not args.paths:
-            sample = work / "gpt2_tiny" / "full_step.onnx"
-            sample.parent.mkdir()
-            roam("make-training-graph", SAMPLE, "-o", sample, "--in-graph-optimizer")
-            todo = [sample]
-        for model in todo:
+        sample = work / "gpt2_tiny" / "full_step.onnx"
+        sample.parent.mkdir()
+        roam("make-training-graph", SAMPLE, "-o", sample, "--in-graph-optimizer")
+        for model in [sample] + graphs(args.paths):
             inputs = model.parent / "inputs.npz"
             print(f"# {model}", file=sys.stderr, flush=True)
             rows.append(measure(model, work, args.steps, inputs if inputs.is_file() else None, args.compare))

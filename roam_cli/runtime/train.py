@@ -54,10 +54,12 @@ class PlannedSession:
     allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
     recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
     exactly what is asked (CPU: registered process-wide, as ORT allows). ORT's arena bytes come
-    from its INFO log, which costs step time: `log_arena=False` leaves them out."""
+    from its INFO log, which costs step time: `log_arena=False` leaves them out. `config`: ORT
+    session config entries (`SessionOptions.add_session_config_entry`)."""
 
     def __init__(self, model_path: Path, plan: dict | None = None, *, device: str = "cpu",
-                 allocator: str = "roam", ordered: bool = True, seed: int = 0, log_arena: bool = True):
+                 allocator: str = "roam", ordered: bool = True, seed: int = 0, log_arena: bool = True,
+                 config: dict[str, str] | None = None):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
@@ -79,6 +81,8 @@ class PlannedSession:
         self.arena = ArenaAllocator(device) if allocator == "roam" else None
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        for key, value in (config or {}).items():
+            options.add_session_config_entry(key, value)
         if ordered:
             options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
             options.graph_optimization_level = ORDERED_LEVEL
