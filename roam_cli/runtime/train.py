@@ -23,7 +23,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-import onnx
 import onnxruntime as ort
 
 from roam_cli import memory
@@ -67,7 +66,7 @@ class PlannedSession:
         if plan is not None and plan["model"]["sha256"] != imported.sha256:
             raise RoamError(f"{model_path}: the plan was made for another model (sha256 "
                             f"{plan['model']['sha256'][:12]}..., this file is {imported.sha256[:12]}...)")
-        self.device, self.allocator_name, self.plan = device, allocator, plan
+        self.device = device
         self.graph = imported.graph
         self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
         not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
