@@ -24,8 +24,8 @@ owns and ORT updates in place, the same in every run): for ORT's arenas, what th
 the session's start (their INFO log; the graph's constants are in there); for roam's, its arena,
 whatever fell back, and the constants (ORT allocates those at the session's start, outside the
 arena); for the plan, its arena and its constants. Step times are medians over the steps after the first. With --compare N the roam run
-goes on for N steps and is checked against a plain ORT session (ORT's order, optimisations and
-arena): largest relative difference of the loss per step and of the final state. Inputs come
+goes on for N steps and is checked against a plain ORT session (ORT's default order and arena,
+the same optimisation level): largest relative difference of the loss per step and of the final state. Inputs come
 from `inputs.npz` beside the graph when present (`roam train --inputs`), else are synthesised. Prints a markdown table and writes it with the raw figures to --out (.md, .json)."""
 
 from __future__ import annotations
