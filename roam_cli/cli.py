@@ -1,7 +1,6 @@
 """The `roam` command line: parses, calls, prints. Exit codes: 0 ok, 1 check failed, 2 bad input."""
 
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, annotate, budget as budget_mod, layout, milp, order, pipeline, plan as plan_io, \
+from roam_cli import __version__, budget as budget_mod, layout, milp, order, pair, pipeline, plan as plan_io, \
     report as report_mod, training_graph
 from roam_cli.errors import CheckFailed, RoamError
 from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
@@ -156,19 +155,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
     with Progress(obj["quiet"]) as progress:
         result = pipeline.run(model, plan_path, options, progress)
     plan = result.plan
-    if result.imported.renamed and annotated_model is None:
-        annotated_model = plan_path.with_name(plan_path.stem + ".annotated.onnx")
-        check_output_path(annotated_model, [model, plan_path])
-        result.notes.append(f"the plan refers to {annotated_model}, which carries the generated node names")
-    outputs = {}
-    if annotated_model is not None:
-        proto = annotate.annotate(result.imported.model, result.imported.graph, plan, model, annotated_model)
-        data = outputs[annotated_model] = proto.SerializeToString()
-        if result.imported.renamed:
-            plan["model"]["path"] = Path(os.path.relpath(annotated_model.resolve(), plan_path.resolve().parent)).as_posix()
-            plan["model"]["sha256"] = hashlib.sha256(data).hexdigest()
-    outputs[plan_path] = plan_io.dumps(plan)
-    write_all_atomic(outputs)  # both or neither: a Ctrl-C never leaves one without the other
+    # both or neither: a Ctrl-C never leaves the plan without the annotated model (or the reverse)
+    write_all_atomic(pipeline.files(result, plan_path, annotated_model))
     pictures = []
     if plot_dir is not None:
         with Progress(obj["quiet"]) as progress:
@@ -339,11 +327,12 @@ def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_f
     plot_mod.figure_class()  # matplotlib is there, before any work is done
     plan = plan_io.read(plan_path)
     if model_path is None:
-        model_path = plan_path.resolve().parent / plan["model"]["path"]
+        source = pair.source(plan)["path"]
+        model_path = plan_path.resolve().parent / source
         if not model_path.exists():
             model_path = None
             if not obj["quiet"]:
-                err.print(f"note: the plan's model {plan['model']['path']} is absent: drawing the plan's curve only "
+                err.print(f"note: the plan's model {source} is absent: drawing the plan's curve only "
                           "(--model MODEL adds the original order's)", highlight=False)
     for picture in plot_mod.picture_paths(out_dir, fmts):
         check_output_path(picture, [plan_path] + ([model_path] if model_path else []))

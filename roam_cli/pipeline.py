@@ -1,10 +1,12 @@
 """onnx -> graph -> memory model -> order -> layout -> plan: the whole of `roam optimize`."""
 
+import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from roam_cli import layout, memory, order, plan
+from roam_cli import annotate, layout, memory, order, plan as plan_io
+from roam_cli.fileio import check_output_path
 from roam_cli.onnx_import import Imported, import_model
 
 
@@ -26,9 +28,10 @@ class Options:
 @dataclass
 class Result:
     plan: dict
-    imported: Imported
+    imported: Imported  # the graph the plan orders
     mm: memory.MemoryModel
     notes: list[str]
+    source: Path  # the model file optimize read
 
 
 def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int, int, int]]:
@@ -87,7 +90,34 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> R
         "node_classes": {c: mm.node_class.count(c) for c in memory.NODE_CLASSES},
     }
     if options.reproducible:
-        stats = plan.without_wall_clock(stats)
-    result = plan.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
+        stats = plan_io.without_wall_clock(stats)
+    result = plan_io.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
                         model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
-    return Result(result, imported, mm, imported.notes + mm.notes)
+    result["source_model"] = dict(result["model"])
+    return Result(result, imported, mm, imported.notes + mm.notes, model_path)
+
+
+def default_annotated_path(plan_path: Path) -> Path:
+    return plan_path.with_name(plan_path.stem + ".annotated.onnx")
+
+
+def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[Path, bytes | str]:
+    """What optimize writes, as one set: the annotated model (when asked for, or when the plan's
+    graph is not the source file as it is: generated node names) and the plan, which names both
+    members of the pair and, as `model`, the one whose graph it orders."""
+    plan = result.plan
+    renamed = result.imported.renamed
+    if annotated_path is None and renamed:
+        annotated_path = default_annotated_path(plan_path)
+        check_output_path(annotated_path, [result.source, plan_path])
+    written: dict[Path, bytes | str] = {}
+    if annotated_path is not None:
+        proto = annotate.annotate(result.imported.model, result.imported.graph, plan, result.source, annotated_path)
+        data = written[annotated_path] = proto.SerializeToString()
+        # the plan can name the annotated model's digest: the plan digest in it does not cover `model`
+        plan["annotated_model"] = plan_io.file_ref(annotated_path, hashlib.sha256(data).hexdigest(), plan_path)
+        if renamed:
+            plan["model"] = dict(plan["annotated_model"])
+            result.notes.append(f"the plan refers to {annotated_path}, which carries the generated node names")
+    written[plan_path] = plan_io.dumps(plan)
+    return written

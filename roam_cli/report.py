@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from roam_cli import pair
 from roam_cli.units import format_bytes
 
 
@@ -138,6 +139,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     arena = plan["arena_bytes"]
     summary = {
         "model": plan["model"]["path"],
+        "pair": pair.members(plan),
         "dims": plan.get("dims", {}),
         "nodes": len(plan["order"]),
         "order_strategy": plan["stats"]["order"]["strategy"],
@@ -191,7 +193,8 @@ def cell_seconds(s) -> str:
 
 def headline(s: dict) -> list[tuple[str, str]]:
     dims = ", ".join(f"{k}={v}" for k, v in s["dims"].items())
-    rows = [("nodes", f"{s['nodes']:,}")]
+    rows = [(field.replace("_", " "), f"{ref['path']} (sha256 {ref['sha256'][:12]})") for field, ref in s["pair"].items()]
+    rows.append(("nodes", f"{s['nodes']:,}"))
     if dims:
         rows.append(("dims", dims))
     rows += [

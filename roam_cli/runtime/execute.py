@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from roam_cli import annotate
+from roam_cli import annotate, pair
 from roam_cli.errors import RoamError
 from roam_cli.onnx_import import import_model
 from roam_cli.runtime.replay import PROVIDERS, replay, storage_roots
@@ -308,9 +308,8 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     check_device(device)
     say("importing the model")
     imported = import_model(model_path, plan.get("dims", {}))
-    if plan["model"]["sha256"] != imported.sha256:
-        raise RoamError(f"{model_path}: the plan was made for another model (sha256 {plan['model']['sha256'][:12]}..., "
-                        f"this file is {imported.sha256[:12]}...)")
+    if pair.member(plan, imported.sha256) is None:
+        raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
     graph = imported.graph
     storage_roots(graph, plan)  # a plan the replay cannot follow safely stops here
     notes = []
