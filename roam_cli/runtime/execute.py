@@ -31,9 +31,10 @@ from rich.console import Console
 from rich.table import Table
 
 from roam_cli import annotate, pair
-from roam_cli.errors import RoamError
+from roam_cli.errors import RoamError, first_line
 from roam_cli.onnx_import import import_model
-from roam_cli.runtime.replay import PROVIDERS, replay, storage_roots
+from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
+from roam_cli.runtime.replay import replay, storage_roots
 from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
@@ -53,12 +54,6 @@ SEEDED_OPS = {("", "Dropout"): int, ("com.microsoft", "BitmaskDropout"): int, ("
               ("com.microsoft", "BitmaskBiasDropout"): int, ("", "RandomNormal"): float, ("", "RandomUniform"): float,
               ("", "RandomNormalLike"): float, ("", "RandomUniformLike"): float, ("", "Multinomial"): float}
 ARENA_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}  # the device arena's name in ORT's BFCArena log lines
-
-
-def check_device(device: str) -> None:
-    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise RoamError("CUDA is not available: this ONNX Runtime has only "
-                        f"{', '.join(ort.get_available_providers())} (install onnxruntime-training on a CUDA machine)")
 
 
 def seed_random_ops(model: onnx.ModelProto, seed: int) -> int:
@@ -154,13 +149,8 @@ def session(model_bytes: bytes, device: str, ordered: bool, profile_prefix: str 
                                  disabled_optimizers=FUSIONS if ordered else None)
     except Exception as e:
         raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
-    if device == "cuda" and "CUDAExecutionProvider" not in s.get_providers():
-        raise RoamError("CUDA is not available: ONNX Runtime could not start CUDAExecutionProvider (no GPU or driver?)")
+    check_started(s, device)
     return s
-
-
-def first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def on_device(feeds: dict[str, np.ndarray], device: str) -> dict[str, ort.OrtValue]:
