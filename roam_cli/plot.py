@@ -14,7 +14,6 @@ from pathlib import Path
 from roam_cli import memory, order, pair
 from roam_cli.errors import RoamError
 from roam_cli.fileio import write_atomic
-from roam_cli.onnx_import import import_model
 from roam_cli.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
 from roam_cli.units import format_bytes
 
@@ -39,9 +38,9 @@ def original_curve_from_model(plan: dict, model_path: Path, inplace: dict[str, s
                               shapes_from_run: bool = False) -> list[int]:
     """The original order's curve for a plan made earlier: import its model again, and check
     that the memory model rebuilt here gives the plan's own curve for the plan's order."""
-    imported = import_model(model_path, plan.get("dims", {}), shapes_from_run)
-    if pair.member(plan, imported.sha256) is None:
-        raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+    with pair.planned_graph(model_path, plan, shapes_from_run) as imported:
+        if pair.member(plan, imported.sha256) is None:
+            raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
     mm = memory.build(imported.graph, plan["alignment"], inplace)
     index = {n.name: i for i, n in enumerate(imported.graph.nodes)}
     if order_curve(mm, [index[name] for name in plan["order"]]) != plan_curve(plan):
