@@ -1,7 +1,6 @@
 """The `roam` command line: parses, calls, prints. Exit codes: 0 ok, 1 check failed, 2 bad input."""
 
 import dataclasses
-import hashlib
 import json
 import os
 import sys
@@ -10,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, annotate, budget as budget_mod, layout, milp, order, pipeline, plan as plan_io, \
+from roam_cli import __version__, budget as budget_mod, layout, milp, order, pair, pipeline, plan as plan_io, \
     report as report_mod, training_graph
 from roam_cli.errors import CheckFailed, RoamError
 from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
@@ -121,9 +120,15 @@ def cli(ctx, quiet, verbose):
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's summary as JSON.")
 @click.option("--reproducible", is_flag=True,
               help="Leave wall-clock times out of the plan: the same model and options give the same bytes.")
+@click.option("--ort-optimized", type=click.Choice(pipeline.ORT_LEVELS), is_flag=False, flag_value="extended",
+              default=None, help="Plan the graph ONNX Runtime runs: apply its graph optimisations at this level first "
+                                 "(alone: extended). The annotated model is that graph, in planned order.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
+              help="Whose graph optimisations --ort-optimized applies [default: cpu].")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
-             shapes_from_run, inplace, loss, time_limit, jobs, budget, plot_dir, as_json, reproducible):
+             shapes_from_run, inplace, loss, time_limit, jobs, budget, plot_dir, as_json, reproducible, ort_optimized,
+             provider):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
@@ -131,8 +136,11 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
       roam optimize training_model.onnx -o plan.json
       roam optimize model.onnx -o plan.json --dim batch=8 --annotated-model planned.onnx
       roam optimize model.onnx -o plan.json --budget 16GiB --plot pictures/
+      roam optimize training_model.onnx -o plan.json --ort-optimized extended --annotated-model planned.onnx
     """
     check_output_path(plan_path, [model])
+    if provider is not None and ort_optimized is None:
+        raise RoamError("--provider chooses whose optimisations --ort-optimized applies: give --ort-optimized too")
     if time_limit is not None and not time_limit > 0:
         raise RoamError(f"--time-limit must be a positive number of seconds, got {time_limit}")
     if jobs < 1:
@@ -146,29 +154,21 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         plot.figure_class()  # matplotlib is there, before any work is done
         for picture in plot.picture_paths(plot_dir):
             check_output_path(picture, [model, plan_path])
+    if ort_optimized is not None and annotated_model is None:  # the plan's graph: written whether asked for or not
+        annotated_model = pipeline.default_annotated_path(plan_path)
     if annotated_model is not None:
         check_output_path(annotated_model, [model, plan_path])
     options = pipeline.Options(
         dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,
         inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
-        solver=solver, reproducible=reproducible)
-    with Progress(obj["quiet"]) as progress:
-        result = pipeline.run(model, plan_path, options, progress)
+        solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu")
+    with Progress(obj["quiet"]) as progress, \
+            pipeline.scratch(annotated_model if ort_optimized else None) as ort_model:
+        result = pipeline.run(model, plan_path, options, progress, ort_model)
+        # both or neither: a Ctrl-C never leaves the plan without the annotated model (or the reverse)
+        write_all_atomic(pipeline.files(result, plan_path, annotated_model))
     plan = result.plan
-    if result.imported.renamed and annotated_model is None:
-        annotated_model = plan_path.with_name(plan_path.stem + ".annotated.onnx")
-        check_output_path(annotated_model, [model, plan_path])
-        result.notes.append(f"the plan refers to {annotated_model}, which carries the generated node names")
-    outputs = {}
-    if annotated_model is not None:
-        proto = annotate.annotate(result.imported.model, result.imported.graph, plan, model, annotated_model)
-        data = outputs[annotated_model] = proto.SerializeToString()
-        if result.imported.renamed:
-            plan["model"]["path"] = Path(os.path.relpath(annotated_model.resolve(), plan_path.resolve().parent)).as_posix()
-            plan["model"]["sha256"] = hashlib.sha256(data).hexdigest()
-    outputs[plan_path] = plan_io.dumps(plan)
-    write_all_atomic(outputs)  # both or neither: a Ctrl-C never leaves one without the other
     pictures = []
     if plot_dir is not None:
         with Progress(obj["quiet"]) as progress:
@@ -192,6 +192,9 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         out.print(f"wrote {plan_path}: {len(plan['order'])} nodes, arena {format_bytes(plan['arena_bytes'])} "
                   f"(peak live {format_bytes(plan['peak_live_bytes'])}, fragmentation {frag:.2%}), "
                   f"persistent {format_bytes(plan['persistent_bytes'])}")
+        effect = report_mod.ort_effect(plan)
+        if effect is not None:
+            out.print(report_mod.ort_line(effect), highlight=False)
         for picture in pictures:
             out.print(f"wrote {picture}", highlight=False)
         if verdict is not None and verdict["fits"]:
@@ -215,15 +218,14 @@ def verify(obj, model, plan_path, shapes_from_run, as_json):
     Example:
       roam verify training_model.onnx plan.json
     """
-    from roam_cli.onnx_import import import_model
     from roam_cli.verify import Violation, verify as check
 
     plan = plan_io.read(plan_path)
-    imported = import_model(model, plan.get("dims", {}), shapes_from_run)
-    try:
-        summary = check(imported.graph, imported.sha256, plan)
-    except Violation as v:
-        raise CheckFailed(f"plan invalid: {v}") from None
+    with pair.planned_graph(model, plan, shapes_from_run) as imported:
+        try:
+            summary = check(imported.graph, imported.sha256, plan)
+        except Violation as v:
+            raise CheckFailed(f"plan invalid: {v}") from None
     if as_json:
         click.echo(json.dumps({"ok": True, "nodes": summary.nodes, "placed": summary.placed,
                                "arena_bytes": summary.arena, "peak_live_bytes": summary.peak_live}, indent=1))
@@ -389,11 +391,12 @@ def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_f
     plot_mod.figure_class()  # matplotlib is there, before any work is done
     plan = plan_io.read(plan_path)
     if model_path is None:
-        model_path = plan_path.resolve().parent / plan["model"]["path"]
+        source = pair.source(plan)["path"]
+        model_path = plan_path.resolve().parent / source
         if not model_path.exists():
             model_path = None
             if not obj["quiet"]:
-                err.print(f"note: the plan's model {plan['model']['path']} is absent: drawing the plan's curve only "
+                err.print(f"note: the plan's model {source} is absent: drawing the plan's curve only "
                           "(--model MODEL adds the original order's)", highlight=False)
     for picture in plot_mod.picture_paths(out_dir, fmts):
         check_output_path(picture, [plan_path] + ([model_path] if model_path else []))

@@ -7,3 +7,8 @@ class RoamError(Exception):
 
 class CheckFailed(Exception):
     """A check ran and the subject failed it (verify, capacity). Exit 1."""
+
+
+def first_line(e: Exception) -> str:
+    """An exception's message as one line (ONNX Runtime's span many), for a RoamError that wraps it."""
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

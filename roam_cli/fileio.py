@@ -40,14 +40,21 @@ def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     write_all_atomic({path: data})
 
 
-def write_all_atomic(files: dict[str | os.PathLike, bytes | str]) -> None:
+def write_all_atomic(files: dict[str | os.PathLike, bytes | str | Path]) -> None:
     """Write several files as one: each goes to a temporary file beside it, and only when all are
     written are they renamed over their paths. An error or Ctrl-C before that leaves every path as
-    it was, so a plan is never left without the annotated model it names (or the reverse)."""
+    it was, so a plan is never left without the annotated model it names (or the reverse).
+
+    A Path value is a file already written on the same file system (too large to pass as bytes):
+    it is renamed into place with the others."""
     temps: list[tuple[str, Path]] = []
+    moves: list[tuple[str, Path]] = []
     try:
         for path, data in files.items():
             path = Path(path)
+            if isinstance(data, Path):
+                moves.append((str(data), path))
+                continue
             try:
                 fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.resolve().parent)
             except OSError as e:
@@ -59,7 +66,7 @@ def write_all_atomic(files: dict[str | os.PathLike, bytes | str]) -> None:
                 os.chmod(tmp, NEW_FILE_MODE)  # mkstemp makes 0600; a plan is as readable as any file
             except OSError as e:
                 raise RoamError(f"cannot write {path}: {e.strerror}") from None
-        for tmp, path in temps:
+        for tmp, path in moves + temps:  # a move is what may fail (another file system): first
             try:
                 os.replace(tmp, path)
             except OSError as e:

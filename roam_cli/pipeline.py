@@ -1,11 +1,19 @@
 """onnx -> graph -> memory model -> order -> layout -> plan: the whole of `roam optimize`."""
 
+import hashlib
+import tempfile
 import time
-from dataclasses import dataclass, field
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from roam_cli import layout, memory, order, plan
-from roam_cli.onnx_import import Imported, import_model
+from roam_cli import annotate, layout, memory, order, plan as plan_io
+from roam_cli.fileio import check_output_path
+from roam_cli.onnx_import import Imported, external_data_files, import_model, load_model
+
+
+ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
 
 @dataclass
@@ -21,14 +29,18 @@ class Options:
     jobs: int = 1
     solver: str = "cbc"  # MILP solver of the ordering and layout ILPs: cbc | highs
     reproducible: bool = False  # leave wall-clock figures out of the plan (byte-identical reruns)
+    ort_optimized: str | None = None  # plan ONNX Runtime's optimisation at this level: basic | extended
+    provider: str = "cpu"  # ... for this execution provider: cpu | cuda
 
 
 @dataclass
 class Result:
     plan: dict
-    imported: Imported
+    imported: Imported  # the graph the plan orders
     mm: memory.MemoryModel
     notes: list[str]
+    source: Path  # the model file optimize read
+    weights: Path | None = None  # the external data of ORT's optimised graph, to move beside the annotated model
 
 
 def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int, int, int]]:
@@ -36,8 +48,41 @@ def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int,
     return [(first, last + 1, s.bytes) for s, (first, last) in zip(mm.storages, memory.lifetimes(mm, order_))]
 
 
-def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> Result:
+def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_model: Path | None = None) -> Result:
+    """Plan the model at model_path; with options.ort_optimized, plan ONNX Runtime's optimisation of
+    it, written to `ort_model` (see scratch()), and plan the model as written too, for the
+    comparison in stats.ort_optimization. Each of the two plans gets half of the time limit."""
     say = progress or (lambda message: None)
+    if options.ort_optimized is None:
+        result = plan_graph(model_path, plan_path, options, say)
+        result.plan["source_model"] = dict(result.plan["model"])
+        return result
+    from roam_cli.runtime import ort_optimize  # ONNX Runtime is loaded only when asked for
+
+    level, provider = options.ort_optimized, options.provider
+    t = time.perf_counter()
+    say(f"applying ONNX Runtime's {level} graph optimisations ({provider})")
+    weights = ort_optimize.optimize(model_path, level, provider, ort_model)
+    optimizing = time.perf_counter() - t
+    each = replace(options, time_limit=options.time_limit / 2 if options.time_limit is not None else None)
+    before = plan_graph(model_path, plan_path, each, say)
+    result = replace(plan_graph(ort_model, plan_path, each, say), source=model_path, weights=weights)
+    plan = result.plan
+    plan["source_model"] = before.plan["model"]
+    plan["ort_optimized"] = ort_optimize.record(level, provider)
+    plan["stats"]["ort_optimization"] = {"before": graph_figures(before.plan), "after": graph_figures(plan)}
+    if not options.reproducible:
+        plan["stats"]["seconds"] |= {"ort_optimize": optimizing,
+                                     "plan_unoptimized": sum(before.plan["stats"]["seconds"].values())}
+    return result
+
+
+def graph_figures(plan: dict) -> dict:
+    """What ORT's optimisations change: the graph's size and the plan's memory."""
+    return {"nodes": len(plan["order"]), "peak_live_bytes": plan["peak_live_bytes"], "arena_bytes": plan["arena_bytes"]}
+
+
+def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Result:
     seconds = {}
     t = time.perf_counter()
     say("importing the model")
@@ -87,7 +132,55 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None) -> R
         "node_classes": {c: mm.node_class.count(c) for c in memory.NODE_CLASSES},
     }
     if options.reproducible:
-        stats = plan.without_wall_clock(stats)
-    result = plan.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
+        stats = plan_io.without_wall_clock(stats)
+    result = plan_io.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
                         model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
-    return Result(result, imported, mm, imported.notes + mm.notes)
+    return Result(result, imported, mm, imported.notes + mm.notes, model_path)
+
+
+def default_annotated_path(plan_path: Path) -> Path:
+    return plan_path.with_name(plan_path.stem + ".annotated.onnx")
+
+
+@contextmanager
+def scratch(annotated_path: Path | None) -> Iterator[Path | None]:
+    """Where run() has ONNX Runtime write its optimised graph: a file named like the annotated model
+    in a temporary folder beside it, so that the graph's weights file, which the graph names by file
+    name, moves into place by a rename and keeps its name. None when `annotated_path` is None."""
+    if annotated_path is None:
+        yield None
+        return
+    with tempfile.TemporaryDirectory(prefix=".roam-", dir=annotated_path.resolve().parent) as folder:
+        yield Path(folder) / annotated_path.name
+
+
+def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[Path, bytes | str | Path]:
+    """What optimize writes, as one set (see fileio.write_all_atomic): the annotated model, when
+    asked for or when the plan's graph is not the source file as it is (generated node names,
+    ORT's optimisations), with the weights of ORT's graph; and the plan, which names both members
+    of the pair and, as `model`, the one whose graph it orders."""
+    plan = result.plan
+    ort_graph = "ort_optimized" in plan
+    changed = result.imported.renamed or ort_graph
+    if annotated_path is None and changed:
+        annotated_path = default_annotated_path(plan_path)
+        check_output_path(annotated_path, [result.source, plan_path])
+    written: dict[Path, bytes | str | Path] = {}
+    if annotated_path is not None:
+        # ORT's graph names its weights file beside it, which moves beside the annotated model
+        located = annotated_path if ort_graph else result.source
+        proto = annotate.annotate(result.imported.model, result.imported.graph, plan, located, annotated_path)
+        data = written[annotated_path] = proto.SerializeToString()
+        # the plan can name the annotated model's digest: the plan digest in it does not cover `model`
+        plan["annotated_model"] = plan_io.file_ref(annotated_path, hashlib.sha256(data).hexdigest(), plan_path)
+        if changed:
+            plan["model"] = dict(plan["annotated_model"])
+            what = "ONNX Runtime's optimised graph" if ort_graph else "the generated node names"
+            result.notes.append(f"the plan refers to {annotated_path}, which carries {what}")
+        if result.weights is not None:
+            target = annotated_path.with_name(result.weights.name)
+            source_weights = [result.source.parent / f for f in external_data_files(load_model(result.source)[0])]
+            check_output_path(target, [result.source, plan_path, *source_weights])
+            written[target] = result.weights
+    written[plan_path] = plan_io.dumps(plan)
+    return written

@@ -61,15 +61,11 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
                             "alias_of": mm.storage_of[name]})
     arena = max((o + s.bytes for o, s in zip(offsets, mm.storages)), default=0)
     peak, peak_step = peak_live(mm, spans)
-    try:
-        rel = os.path.relpath(model_path.resolve(), plan_path.resolve().parent)
-    except ValueError:  # another drive on Windows
-        rel = str(model_path.resolve())
     return {
         "format": FORMAT,
         "version": VERSION,
         "roam_version": __version__,
-        "model": {"path": Path(rel).as_posix(), "sha256": model_sha256},
+        "model": file_ref(model_path, model_sha256, plan_path),
         "dims": dict(sorted(dims.items())),
         "alignment": mm.alignment,
         "order": [graph.nodes[i].name for i in order],
@@ -80,6 +76,15 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
         "peak_step": peak_step,
         "stats": stats,
     }
+
+
+def file_ref(path: Path, sha256: str, plan_path: Path) -> dict:
+    """{path, sha256} of a model file, its path relative to the plan's folder."""
+    try:
+        rel = os.path.relpath(path.resolve(), plan_path.resolve().parent)
+    except ValueError:  # another drive on Windows
+        rel = str(path.resolve())
+    return {"path": Path(rel).as_posix(), "sha256": sha256}
 
 
 def without_wall_clock(stats: dict) -> dict:

@@ -11,10 +11,9 @@ plan stays as small as before, and the curve is exact for any plan, old or new."
 import io
 from pathlib import Path
 
-from roam_cli import memory, order
+from roam_cli import memory, order, pair
 from roam_cli.errors import RoamError
 from roam_cli.fileio import write_atomic
-from roam_cli.onnx_import import import_model
 from roam_cli.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
 from roam_cli.units import format_bytes
 
@@ -39,9 +38,9 @@ def original_curve_from_model(plan: dict, model_path: Path, inplace: dict[str, s
                               shapes_from_run: bool = False) -> list[int]:
     """The original order's curve for a plan made earlier: import its model again, and check
     that the memory model rebuilt here gives the plan's own curve for the plan's order."""
-    imported = import_model(model_path, plan.get("dims", {}), shapes_from_run)
-    if imported.sha256 != plan["model"]["sha256"]:
-        raise RoamError(f"{model_path} is not the model the plan was made for (sha256 differs)")
+    with pair.planned_graph(model_path, plan, shapes_from_run) as imported:
+        if pair.member(plan, imported.sha256) is None:
+            raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
     mm = memory.build(imported.graph, plan["alignment"], inplace)
     index = {n.name: i for i, n in enumerate(imported.graph.nodes)}
     if order_curve(mm, [index[name] for name in plan["order"]]) != plan_curve(plan):

@@ -11,6 +11,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from roam_cli import pair
 from roam_cli.units import format_bytes
 
 
@@ -138,6 +139,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     arena = plan["arena_bytes"]
     summary = {
         "model": plan["model"]["path"],
+        "pair": pair.members(plan),
         "dims": plan.get("dims", {}),
         "nodes": len(plan["order"]),
         "order_strategy": plan["stats"]["order"]["strategy"],
@@ -159,6 +161,9 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "fallbacks": [f"{phase}: {plan['stats'][phase]['fallback']}" for phase in ("order", "layout")
                       if plan["stats"][phase].get("fallback")],
     }
+    effect = ort_effect(plan)
+    if effect is not None:
+        summary["ort_optimization"] = effect
     if budget is not None:
         summary["budget"] = budget
     return summary
@@ -177,6 +182,27 @@ def budget_line(b: dict) -> str:
             f"(persistent + arena), {format_bytes(-b['headroom_bytes'])} over")
 
 
+def ort_effect(plan: dict) -> dict | None:
+    """ONNX Runtime's optimisations the plan's graph went through (level, provider, version) and
+    the graph's nodes and the plan's bytes before and after them; None for a plan without."""
+    if "ort_optimization" not in plan["stats"]:
+        return None
+    return {**plan["ort_optimized"], **plan["stats"]["ort_optimization"]}
+
+
+def ort_line(effect: dict) -> str:
+    """What ONNX Runtime's optimisations did to the graph and its plan (summary's ort_optimization)."""
+    before, after = effect["before"], effect["after"]
+
+    def change(key: str) -> str:
+        relative = after[key] / before[key] - 1 if before[key] else 0.0
+        sign = "−" if relative < 0 else "+" if relative > 0 else ""
+        return f"{format_bytes(before[key])} → {format_bytes(after[key])} ({sign}{abs(relative):.1%})"
+
+    return (f"ORT optimisations ({effect['level']}, {effect['provider']}): {before['nodes']:,} → {after['nodes']:,} nodes, "
+            f"peak live {change('peak_live_bytes')}, arena {change('arena_bytes')}")
+
+
 def cell_bytes(n) -> str:
     return "–" if n is None else format_bytes(n)
 
@@ -191,7 +217,8 @@ def cell_seconds(s) -> str:
 
 def headline(s: dict) -> list[tuple[str, str]]:
     dims = ", ".join(f"{k}={v}" for k, v in s["dims"].items())
-    rows = [("nodes", f"{s['nodes']:,}")]
+    rows = [(field.replace("_", " "), f"{ref['path']} (sha256 {ref['sha256'][:12]})") for field, ref in s["pair"].items()]
+    rows.append(("nodes", f"{s['nodes']:,}"))
     if dims:
         rows.append(("dims", dims))
     rows += [
@@ -242,6 +269,8 @@ def render_table(s: dict, console: Console) -> None:
     for name, value in headline(s):
         head.add_row(name, value)
     console.print(head)
+    if "ort_optimization" in s:
+        console.print(ort_line(s["ort_optimization"]), highlight=False)
     if "budget" in s:
         style = "green" if s["budget"]["fits"] else "bold red"
         console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
@@ -288,6 +317,8 @@ def markdown_table(header: Iterable[str], rows: Iterable[Iterable[str]], right: 
 def render_markdown(s: dict) -> str:
     parts = [f"## roam plan for `{s['model']}`", "",
              markdown_table(("", "value"), [(f"**{k}**", v) for k, v in headline(s)], {1})]
+    if "ort_optimization" in s:
+        parts += ["", ort_line(s["ort_optimization"])]
     if "budget" in s:
         parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
     parts += [f"\n⚠️ {FALLBACK_NOTE}{line}" for line in s["fallbacks"]]

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from roam_cli.errors import RoamError
+from roam_cli.errors import RoamError, first_line
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -249,11 +249,6 @@ def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | No
     except (RuntimeError, onnx.checker.ValidationError) as e:  # ORT and onnx report failures this way
         raise RoamError(f"ONNX Runtime could not build the training graph: {first_line(e)}") from None
     return Artifacts(clamp_ir(training), clamp_ir(eval_model), optim and clamp_ir(optim), block.parameters())
-
-
-def first_line(e: Exception) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 @dataclass

@@ -1,12 +1,13 @@
 """`roam verify`: an independent check of a plan against the model it claims to plan.
 
-Shares nothing with the planners but the loader (`onnx_import`): lifetimes, aliasing and
-overlaps are recomputed here from the order and the node list alone."""
+Shares nothing with the planners but the loader (`onnx_import`) and the pair check (`pair`):
+lifetimes, aliasing and overlaps are recomputed here from the order and the node list alone."""
 
 import bisect
 import heapq
 from dataclasses import dataclass
 
+from roam_cli import pair
 from roam_cli.graph import Graph
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
@@ -27,10 +28,10 @@ class Summary:
 
 
 def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
-    """Raise Violation naming the first broken rule; return a summary when the plan holds."""
-    if plan["model"]["sha256"] != sha256:
-        raise Violation(f"plan was made for another model (sha256 {plan['model']['sha256'][:12]}..., "
-                        f"this file is {sha256[:12]}...)")
+    """Raise Violation naming the first broken rule; return a summary when the plan holds.
+    `sha256` is the model file's: either member of the plan's pair passes."""
+    if pair.member(plan, sha256) is None:
+        raise Violation(pair.refusal(plan, sha256))
     names = [n.name for n in graph.nodes]
     step: dict[str, int] = {}
     for s, name in enumerate(plan["order"]):

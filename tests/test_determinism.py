@@ -45,14 +45,17 @@ def test_every_strategy_gives_the_same_bytes_twice(tmp_path, order_strategy):
 
 @pytest.mark.parametrize("jobs", [1, 2])
 def test_cli_reproducible_plans_and_annotated_models_are_byte_identical(tmp_path, jobs):
+    # the plan names its annotated model: each run writes the same names, in a folder of its own
+    runs = [tmp_path / f"run{k}" for k in range(2)]
+    for folder in runs:
+        folder.mkdir()
     with ThreadPoolExecutor(max_workers=2) as pool:  # side by side, as a loaded CI machine runs them
-        codes = list(pool.map(lambda k: roam("optimize", SAMPLE, "-o", tmp_path / f"p{k}.json", "--annotated-model",
-                                             tmp_path / f"a{k}.onnx", "--reproducible", "--jobs", jobs,
-                                             "--time-limit", 60).code, range(2)))
+        codes = list(pool.map(lambda d: roam("optimize", SAMPLE, "-o", d / "p.json", "--annotated-model", d / "a.onnx",
+                                             "--reproducible", "--jobs", jobs, "--time-limit", 60).code, runs))
     assert codes == [0, 0]
-    assert (tmp_path / "p0.json").read_bytes() == (tmp_path / "p1.json").read_bytes()
-    assert (tmp_path / "a0.onnx").read_bytes() == (tmp_path / "a1.onnx").read_bytes()
-    stats = json.loads((tmp_path / "p0.json").read_text())["stats"]
+    for name in ("p.json", "a.onnx"):
+        assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
+    stats = json.loads((runs[0] / "p.json").read_text())["stats"]
     assert stats["seconds"] == {} and "seconds" not in json.dumps({k: v for k, v in stats.items() if k != "seconds"})
 
 

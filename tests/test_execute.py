@@ -156,7 +156,8 @@ def test_feeds_from_npz_must_match_the_inputs_and_the_rest_are_synthesised(tmp_p
 def test_bad_execute_input_is_one_line(sample_plan, tmp_path, args, message, code):
     model_path, plan_path, plan, _ = sample_plan
     np.savez(tmp_path / "wrong_name.npz", nope=np.zeros(3))
-    (tmp_path / "other.json").write_text(json.dumps(plan | {"model": plan["model"] | {"sha256": "0" * 64}}))
+    other = {field: plan[field] | {"sha256": "0" * 64} for field in ("model", "source_model", "annotated_model")}
+    (tmp_path / "other.json").write_text(json.dumps(plan | other))
     (tmp_path / "short.json").write_text(json.dumps(plan | {"order": plan["order"][1:]}))
     args = [a.format(d=tmp_path) for a in args]
     if "--plan" not in args:

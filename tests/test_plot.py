@@ -55,7 +55,7 @@ def test_original_curve_is_recomputed_from_the_model(tmp_path):
     changed = onnx.load(model)
     changed.doc_string = "another file"
     onnx.save(changed, str(tmp_path / "changed.onnx"))
-    with pytest.raises(RoamError, match="not the model the plan was made for"):
+    with pytest.raises(RoamError, match="the plan was made for another model"):
         plot.original_curve_from_model(plan, tmp_path / "changed.onnx", {})
 
 

@@ -30,35 +30,22 @@ from onnx import helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from roam_cli import annotate
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import import_model
-from roam_cli.runtime.replay import PROVIDERS, replay, storage_roots
+from roam_cli import annotate, pair
+from roam_cli.errors import RoamError, first_line
+from roam_cli.onnx_import import Imported
+from roam_cli.runtime.ort_optimize import SessionOptimizations, planned_optimizations
+from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
+from roam_cli.runtime.replay import replay, storage_roots
 from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
 RTOL = 1e-5  # largest |difference| allowed, relative to the largest magnitude in the reference tensor
 MIN_AGREEMENT = 0.999
-# The ordered runs keep ORT's optimizations that only remove nodes (constant folding, identity and
-# other eliminations, common subexpressions) and turn off those that make new nodes (fusions, the
-# transpose optimizer): PRIORITY_BASED breaks ties by node index, a new node's is the last, so it
-# and everything waiting on it run late. Without any optimization, Shape nodes (which ORT always
-# runs first) would be out of order instead of folded away. Names ORT does not know are ignored.
-ORDERED_LEVEL = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
-FUSIONS = ["GemmSumFusion", "GemmTransposeFusion", "MatMulAddFusion", "MatmulBNFusion", "DivMulFusion",
-           "NotWhereFusion", "PadFusion", "ReshapeFusion", "GeluFusion", "LayerNormFusion", "FuseReluClip",
-           "ConvAddFusion", "ConvMulFusion", "ConvBNFusion", "TransposeOptimizer"]
 # Random ops and the type of their `seed` attribute.
 SEEDED_OPS = {("", "Dropout"): int, ("com.microsoft", "BitmaskDropout"): int, ("com.microsoft", "BiasDropout"): int,
               ("com.microsoft", "BitmaskBiasDropout"): int, ("", "RandomNormal"): float, ("", "RandomUniform"): float,
               ("", "RandomNormalLike"): float, ("", "RandomUniformLike"): float, ("", "Multinomial"): float}
 ARENA_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}  # the device arena's name in ORT's BFCArena log lines
-
-
-def check_device(device: str) -> None:
-    if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
-        raise RoamError("CUDA is not available: this ONNX Runtime has only "
-                        f"{', '.join(ort.get_available_providers())} (install onnxruntime-training on a CUDA machine)")
 
 
 def seed_random_ops(model: onnx.ModelProto, seed: int) -> int:
@@ -131,15 +118,15 @@ def make_feeds(specs: list, inputs_path: Path | None, seed: int) -> tuple[dict[s
     return {name: feeds[name] for name, _, _ in specs}, len(missing)
 
 
-def session(model_bytes: bytes, device: str, ordered: bool, profile_prefix: str | None = None,
+def session(model_bytes: bytes, device: str, ordered: SessionOptimizations | None, profile_prefix: str | None = None,
             same_as_requested: bool = False) -> ort.InferenceSession:
-    """A session for one step; `ordered`: nodes in file order (PRIORITY_BASED, optimizations that
-    make no new nodes), otherwise ORT's defaults."""
+    """A session for one step. `ordered`: nodes in file order (PRIORITY_BASED) with the graph
+    optimisations `planned_optimizations` gives the annotated model; None: ORT's defaults."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
     if ordered:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-        options.graph_optimization_level = ORDERED_LEVEL
+        options.graph_optimization_level = ordered.level
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
@@ -151,16 +138,11 @@ def session(model_bytes: bytes, device: str, ordered: bool, profile_prefix: str 
         providers[0] = (providers[0], {"arena_extend_strategy": extend})
     try:
         s = ort.InferenceSession(model_bytes, options, providers=providers,
-                                 disabled_optimizers=FUSIONS if ordered else None)
+                                 disabled_optimizers=ordered.disabled_optimizers if ordered else None)
     except Exception as e:
         raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
-    if device == "cuda" and "CUDAExecutionProvider" not in s.get_providers():
-        raise RoamError("CUDA is not available: ONNX Runtime could not start CUDAExecutionProvider (no GPU or driver?)")
+    check_started(s, device)
     return s
-
-
-def first_line(e: Exception) -> str:
-    return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]
 
 
 def on_device(feeds: dict[str, np.ndarray], device: str) -> dict[str, ort.OrtValue]:
@@ -271,7 +253,8 @@ def extended_bytes(log: str, arena: str) -> int | None:
     return total
 
 
-def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, seed: int, device: str) -> dict:
+def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, seed: int, device: str,
+                    ordered: SessionOptimizations) -> dict:
     """In a fresh process: ORT's arena bytes for session start plus one step, per extension
     strategy. ORT logs arena growth at INFO on stderr: stderr goes to a file and is parsed.
     The step's input buffers are made before counting starts: the caller owns them."""
@@ -286,7 +269,7 @@ def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, s
             memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
             ort.create_and_register_allocator(memory, ort.OrtArenaCfg(0, 1, -1, -1))  # 1 = kSameAsRequested
         begin = os.lseek(2, 0, os.SEEK_CUR)
-        s = session(model_bytes, device, ordered=True, same_as_requested=same)
+        s = session(model_bytes, device, ordered, same_as_requested=same)
         run_step(s, inputs, device)
         del s
         end = os.lseek(2, 0, os.SEEK_CUR)
@@ -302,15 +285,21 @@ def measure_in_child(*args) -> dict:
 
 def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | None = None, seed: int = 0,
                  progress=None) -> dict:
-    """Everything `roam execute` reports, as plain values; `failures` lists the checks that failed."""
+    """Everything `roam execute` reports, as plain values; `failures` lists the checks that failed.
+    `model_path` is either member of the plan's pair."""
+    check_device(device)
+    (progress or (lambda message: None))("importing the model")
+    with pair.planned_graph(model_path, plan) as imported:
+        if pair.member(plan, imported.sha256) is None:
+            raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+        return execute_graph(imported, model_path, plan, device, inputs_path, seed, progress)
+
+
+def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str, inputs_path: Path | None, seed: int,
+                  progress) -> dict:
+    """execute_plan() on the plan's graph, read from `model_path`."""
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
-    check_device(device)
-    say("importing the model")
-    imported = import_model(model_path, plan.get("dims", {}))
-    if plan["model"]["sha256"] != imported.sha256:
-        raise RoamError(f"{model_path}: the plan was made for another model (sha256 {plan['model']['sha256'][:12]}..., "
-                        f"this file is {imported.sha256[:12]}...)")
     graph = imported.graph
     storage_roots(graph, plan)  # a plan the replay cannot follow safely stops here
     notes = []
@@ -318,9 +307,10 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     if seeded:
         notes.append(f"{seeded} random ops had no seed and got one (from --seed {seed}): "
                      "every run draws the same masks")
-    folder = model_path.resolve().parent
+    folder = imported.path.resolve().parent  # for ORT's graph of a source model, a temporary folder
     initializers = initializer_values(imported.model, folder)
-    annotated = annotate.annotate(imported.model, graph, plan, model_path, model_path)
+    annotated = annotate.annotate(imported.model, graph, plan, imported.path, imported.path)
+    ordered = planned_optimizations(annotated)
     absolute_weights(imported.model, folder)
     absolute_weights(annotated, folder)
     original_bytes, annotated_bytes = imported.model.SerializeToString(), annotated.SerializeToString()
@@ -332,7 +322,7 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
 
     t = time.perf_counter()
     say("plain run of the original model")
-    outputs, after = run_step(session(original_bytes, device, ordered=False), on_device(feeds, device), device)
+    outputs, after = run_step(session(original_bytes, device, None), on_device(feeds, device), device)
     updated = [name for name in after if not np.array_equal(after[name], feeds[name])]
     reference = outputs | {name: after[name] for name in updated}
     del outputs, after
@@ -341,7 +331,7 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     t = time.perf_counter()
     say("annotated model in plan order, profiled")
     with tempfile.TemporaryDirectory() as tmp:
-        s = session(annotated_bytes, device, ordered=True, profile_prefix=os.path.join(tmp, "ort"))
+        s = session(annotated_bytes, device, ordered, profile_prefix=os.path.join(tmp, "ort"))
         outputs, after = run_step(s, on_device(feeds, device), device)
         order = order_agreement(plan["order"], executed_order(Path(s.end_profiling())))
         del s
@@ -359,7 +349,7 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     arena = {}
     for key, model_bytes in (("original_order", annotated_in_original_order), ("plan_order", annotated_bytes)):
         say(f"measuring ORT's arena ({key.replace('_', ' ')})")
-        arena[key] = measure_in_child(model_bytes, specs, inputs_path, seed, device)
+        arena[key] = measure_in_child(model_bytes, specs, inputs_path, seed, device, ordered)
     seconds["ort_arena"] = time.perf_counter() - t
 
     failures = []
