@@ -14,10 +14,10 @@ loop (`roam_cli.runtime.train.train`) runs --steps steps three times, each in a 
 - ORT same as requested: ORT's BFC arena grown by exactly what is asked (kSameAsRequested);
 - ORT + roam allocator: ORT's session allocating from roam's arena (first step recorded).
 
-ORT's arena bytes come from its INFO log, which slows its steps. Step times come from one more
-process holding two sessions, ORT's arena and roam's (logs off), stepping them in turn, so that
-both see the same load on the machine; their thread pools do not spin between steps (two idle
-pools spinning would take the cores from the one at work).
+ORT's arena bytes come from its INFO log, which slows its steps. Step times come from two more
+processes, one session each (ORT's arena, roam's; logs off), stepped in turn so that both see
+the same load on the machine; their thread pools do not spin between steps (an idle pool
+spinning would take the cores from the one at work).
 
 Bytes are device memory for everything but the state (parameters, moments: buffers the loop
 owns and ORT updates in place, the same in every run): for ORT's arenas, what they grew to from
@@ -48,6 +48,7 @@ sys.path.insert(0, str(ROOT))
 
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
 MIB = 2**20
+TIMING_SECONDS = 20  # steps of both sessions in turn: at least --steps, and more while under this
 VARIANTS = (("ort", "ORT default arena"), ("ort-same-as-requested", "ORT same as requested"),
             ("roam", "ORT + roam allocator"))
 
@@ -73,25 +74,47 @@ def one_run(model: str, plan_path: str, steps: int, allocator: str, inputs: str 
                  inputs_path=Path(inputs) if inputs else None, compare=compare, log_arena=log_arena)
 
 
-def paired_times(model: str, plan_path: str, steps: int, inputs: str | None) -> dict:
-    """Median ms per step after the first, of ORT's arena and roam's, stepped in turn."""
+def stepper(conn, model: str, plan_path: str, allocator: str, inputs: str | None) -> None:
+    """A process holding one session: steps it each time it is told to, answers with the seconds.
+    One process per allocator: ONNX Runtime gives every session of a process the CPU allocator of
+    the first one, so ORT's arena and roam's cannot share a process."""
     from roam_cli import plan as plan_io
     from roam_cli.runtime.train import PlannedSession, batch_for, read_batches, starting_values
 
     plan = plan_io.read(plan_path)
-    kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
-    quiet = {"session.intra_op.allow_spinning": "0"}
-    sessions = {a: PlannedSession(Path(model), plan, allocator=a, log_arena=False, config=quiet) for a in ("ort", "roam")}
-    arrays = read_batches(Path(inputs) if inputs else None, sessions["roam"])
-    start, _ = starting_values(sessions["roam"], arrays, 0, 1e-3, kinds)
-    seconds = {a: [] for a in sessions}
-    for s in sessions.values():
-        s.set_state(start)
-    for k in range(1, steps + 1):
-        for a, s in sessions.items():
-            seconds[a].append(s.step(batch_for(k, start, arrays, s)).seconds)
-    for s in sessions.values():
-        s.close()
+    session = PlannedSession(Path(model), plan, allocator=allocator, log_arena=False,
+                             config={"session.intra_op.allow_spinning": "0"})  # idle, it leaves the cores alone
+    arrays = read_batches(Path(inputs) if inputs else None, session)
+    start, _ = starting_values(session, arrays, 0, 1e-3, {t["name"]: t["kind"] for t in plan["tensors"]})
+    session.set_state(start)
+    conn.send("ready")
+    while (k := conn.recv()) is not None:
+        conn.send(session.step(batch_for(k, start, arrays, session)).seconds)
+    session.close()
+
+
+def paired_times(model: str, plan_path: str, steps: int, inputs: str | None) -> dict:
+    """Median ms per step after the first, of ORT's arena and roam's, stepped in turn in two
+    processes, so that both see the same load on the machine; fast graphs get more steps."""
+    ctx = multiprocessing.get_context("spawn")
+    workers = {}
+    for allocator in ("ort", "roam"):
+        conn, theirs = ctx.Pipe()
+        process = ctx.Process(target=stepper, args=(theirs, model, plan_path, allocator, inputs))
+        process.start()
+        workers[allocator] = (process, conn)
+    for _, conn in workers.values():
+        assert conn.recv() == "ready"
+    seconds = {allocator: [] for allocator in workers}
+    began, k = time.perf_counter(), 0
+    while k < steps or (time.perf_counter() - began < TIMING_SECONDS and k < 1000):  # fast steps: more of them
+        k += 1
+        for allocator, (_, conn) in workers.items():
+            conn.send(k)
+            seconds[allocator].append(conn.recv())
+    for process, conn in workers.values():
+        conn.send(None)
+        process.join()
     return {a: statistics.median(v[1:] or v) * 1e3 for a, v in seconds.items()}
 
 
@@ -123,7 +146,7 @@ def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: i
             "loss": [s["outputs"].get("loss") for s in result["per_step"]],
             "arena": result["arena"], "compare": result.get("compare"),
         }
-    row["median_step_ms"] = in_child(paired_times, str(model), str(plan_path), steps, str(inputs) if inputs else None)
+    row["median_step_ms"] = paired_times(str(model), str(plan_path), steps, str(inputs) if inputs else None)
     return row
 
 

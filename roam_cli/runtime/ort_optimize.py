@@ -73,6 +73,9 @@ def optimize(model_path: Path, level: str, provider: str, out: Path) -> Path | N
     options.log_severity_level = 3
     options.graph_optimization_level = LEVELS[level]
     options.optimized_model_filepath = str(out)
+    # The first session of a process decides the CPU allocator of every later one (ONNX Runtime
+    # 1.19's Python module shares it): an arena made here would hide roam train's requests.
+    options.enable_cpu_mem_arena = False
     if external:
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name",
                                          weights_path(out).name)

@@ -8,8 +8,8 @@ the new state as outputs. Each state output is bound to its input's own buffer, 
 updates the state in place, as the plan assumes, and the next step reads it from there. Every
 other input is fed per step; every other output is returned.
 
-Sessions run the nodes in the file's order (PRIORITY_BASED) at the optimisation level
-`execute.session` uses, with random ops seeded (`execute.seed_random_ops`), so that a planned run
+Sessions run the nodes in the plan's order (PRIORITY_BASED) with the graph optimisations the plan
+allows (`ort_optimize.planned_optimizations`), with random ops seeded (`execute.seed_random_ops`), so that a planned run
 and an unplanned one draw the same masks."""
 
 from __future__ import annotations
@@ -23,16 +23,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 
-from roam_cli import memory
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import import_model
+from roam_cli import memory, pair
+from roam_cli.errors import RoamError, first_line
 from roam_cli.optimizer_graph import LEARNING_RATE
 from roam_cli.runtime.allocator import ArenaAllocator
-from roam_cli.runtime.execute import (ARENA_NAMES, FUSIONS, ORDERED_LEVEL, RTOL, absolute_weights, check_device,
-                                      difference, extended_bytes, first_line, in_order, input_specs,
-                                      seed_random_ops)
+from roam_cli.runtime.execute import (ARENA_NAMES, RTOL, absolute_weights, difference, extended_bytes, in_order,
+                                      input_specs, seed_random_ops)
+from roam_cli.runtime.ort_optimize import planned_optimizations
+from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
 from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
@@ -57,56 +58,63 @@ class PlannedSession:
     from its INFO log, which costs step time: `log_arena=False` leaves them out. `config`: ORT
     session config entries (`SessionOptions.add_session_config_entry`)."""
 
-    def __init__(self, model_path: Path, plan: dict | None = None, *, device: str = "cpu",
-                 allocator: str = "roam", ordered: bool = True, seed: int = 0, log_arena: bool = True,
-                 config: dict[str, str] | None = None):
+    def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
+                 ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
-        imported = import_model(model_path, (plan or {}).get("dims", {}))
-        if plan is not None and plan["model"]["sha256"] != imported.sha256:
-            raise RoamError(f"{model_path}: the plan was made for another model (sha256 "
-                            f"{plan['model']['sha256'][:12]}..., this file is {imported.sha256[:12]}...)")
         self.device = device
-        self.graph = imported.graph
-        self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
-        not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
-        if not_fed:
-            raise RoamError(f"state {not_fed[0]!r} is an initializer: roam trains graphs whose state is "
-                            "graph inputs (roam make-training-graph --in-graph-optimizer writes such)")
-        # the plan's order, whichever member of the pair was given (the annotated model has it already)
-        model = in_order(imported.model, plan["order"]) if plan is not None and ordered else imported.model
-        seed_random_ops(model, seed)
-        absolute_weights(model, model_path.resolve().parent)
-        self.arena = ArenaAllocator(device) if allocator == "roam" else None
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
-        for key, value in (config or {}).items():
-            options.add_session_config_entry(key, value)
-        if ordered:
-            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-        # ORT's fusions are off in both the planned and the plain run: a fused node would run late
-        # in the plan's order, and fused kernels round differently, which compares fusions, not plans
-        options.graph_optimization_level = ORDERED_LEVEL
-        if self.arena is not None:
-            options = self.arena.session_options(options)
-            providers = self.arena.providers()
-        else:
-            providers = ort_providers(device, options, same_as_requested=allocator == "ort-same-as-requested")
-        self.log_arena = log_arena and self.arena is None
-        with ort_arena_log(device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
-            try:
-                self.session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
-                                                    disabled_optimizers=FUSIONS)
-            except Exception as e:
-                if self.arena is not None:
-                    self.arena.close()
-                raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
-        self.ort_arena_bytes = log.get("bytes") or 0
+        with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
+            if pair.member(plan, imported.sha256) is None:
+                raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+            self.graph = imported.graph
+            self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
+            not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
+            if not_fed:
+                raise RoamError(f"state {not_fed[0]!r} is an initializer: roam trains graphs whose state is "
+                                "graph inputs (roam make-training-graph --in-graph-optimizer writes such)")
+            # the plan's order, whichever member was given (the annotated model has it already)
+            model = in_order(imported.model, plan["order"]) if ordered else imported.model
+            seed_random_ops(model, seed)
+            absolute_weights(model, imported.path.resolve().parent)
+            self.session = self._session(model, ordered, allocator, log_arena, config or {})
+        self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.state: dict[str, ort.OrtValue] = {}
         self.steps = 0
+
+    def _session(self, model: onnx.ModelProto, ordered: bool, allocator: str, log_arena: bool,
+                 config: dict[str, str]) -> ort.InferenceSession:
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        for key, value in config.items():
+            options.add_session_config_entry(key, value)
+        if ordered:
+            options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
+        # The planned and the plain run get the optimisations the plan allows (planned_optimizations):
+        # a fused node would run late in the plan's order, and fused kernels round differently, which
+        # would compare fusions, not plans.
+        level, disabled = planned_optimizations(model)
+        options.graph_optimization_level = level
+        self.arena = ArenaAllocator(self.device) if allocator == "roam" else None
+        if self.arena is not None:
+            options = self.arena.session_options(options)
+            providers = self.arena.providers()
+        else:
+            providers = ort_providers(self.device, options, same_as_requested=allocator == "ort-same-as-requested")
+        self.log_arena = log_arena and self.arena is None
+        with ort_arena_log(self.device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
+            try:
+                session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
+                                               disabled_optimizers=disabled)
+            except Exception as e:
+                if self.arena is not None:
+                    self.arena.close()
+                raise RoamError(f"ONNX Runtime cannot load the model: {first_line(e)}") from None
+        check_started(session, self.device)
+        self.ort_arena_bytes = log.get("bytes") or 0
+        return session
 
     @property
     def state_names(self) -> list[str]:
@@ -177,6 +185,12 @@ class PlannedSession:
             yield figures
         figures.update(step.stats)
         if step.recorded:
+            if step.stats["recorded"] < self.planned_storages / 2:
+                raise RoamError(
+                    f"ONNX Runtime made {step.stats['recorded']} allocation requests for a step whose plan places "
+                    f"{self.planned_storages} tensors: another ONNX Runtime session with a CPU arena was created "
+                    "in this process first, and ORT gives every later session that arena. Create the roam "
+                    "session first, or make the others with enable_cpu_mem_arena = False")
             figures.update(self.arena.layout)
             figures["bytes"] = self.arena.layout["peak_live_bytes"]
         else:
@@ -184,7 +198,7 @@ class PlannedSession:
 
 
 def ort_providers(device: str, options: ort.SessionOptions, same_as_requested: bool) -> list:
-    providers: list = ["CUDAExecutionProvider", "CPUExecutionProvider"] if device == "cuda" else ["CPUExecutionProvider"]
+    providers: list = list(PROVIDERS[device])
     if not same_as_requested:
         return providers
     if device == "cpu":  # the CPU provider takes arena settings only from a shared allocator
