@@ -1,6 +1,9 @@
 """ONNX Runtime's own session allocating from roam's arena, and `roam train` on it."""
 
 import json
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
 
 import numpy as np
 import onnxruntime as ort
@@ -8,8 +11,11 @@ import pytest
 
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
+from roam_cli import plan as plan_io
+from roam_cli.errors import RoamError
 from roam_cli.runtime import _planalloc
 from roam_cli.runtime.allocator import ALIGNMENT, ORT_LIBRARY, ArenaAllocator
+from roam_cli.runtime.train import train
 
 N = 1000  # floats per tensor: 4,000 bytes, one 256-byte-aligned slot of 4,096 each
 
@@ -43,14 +49,24 @@ def run(session, x, keep=False):
     return value
 
 
-@pytest.fixture
-def arena():
-    a = ArenaAllocator("cpu", strategy="first-fit")
-    yield a
-    a.close()
+def in_fresh_process(function, *args):
+    """ONNX Runtime gives every session of a process the CPU allocator of its first session, and
+    other tests make sessions with ORT's arena: the allocator's tests each get a process."""
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return pool.submit(function, *args).result()
 
 
-def test_the_chain_is_recorded_laid_out_and_served_from_two_slots(tmp_path, arena):
+def test_the_chain_is_recorded_laid_out_and_served_from_two_slots(tmp_path):
+    in_fresh_process(chain_served_from_two_slots, tmp_path)
+
+
+def test_a_buffer_held_past_its_step_is_never_handed_out_again(tmp_path):
+    """The arena may be wrong about nothing: a request whose place is taken falls back, counted."""
+    in_fresh_process(held_buffer_falls_back, tmp_path)
+
+
+def chain_served_from_two_slots(tmp_path):
+    arena = ArenaAllocator("cpu", strategy="first-fit")
     s = planned_session(arena, chain(tmp_path))
     x = np.linspace(-1, 1, N, dtype=np.float32)
     expected = (x + x) * (x + x) + x
@@ -70,8 +86,8 @@ def test_the_chain_is_recorded_laid_out_and_served_from_two_slots(tmp_path, aren
         assert later.stats["arena_high_water"] <= 2 * slot
 
 
-def test_a_buffer_held_past_its_step_is_never_handed_out_again(tmp_path, arena):
-    """The arena may be wrong about nothing: a request whose place is taken falls back, counted."""
+def held_buffer_falls_back(tmp_path):
+    arena = ArenaAllocator("cpu", strategy="first-fit")
     s = planned_session(arena, chain(tmp_path))
     x = np.linspace(-1, 1, N, dtype=np.float32)
     with arena.step():
@@ -150,6 +166,20 @@ def test_bad_input_is_one_line_and_exit_2(sample_step, tmp_path, args, message):
     r = roam("train", d / "step.onnx", "--plan", d / "plan.json", *[a.format(tmp=tmp_path) for a in args])
     assert r.code == 2 and message in r.err, r.err
     assert "Traceback" not in r.err
+
+
+def test_a_session_made_first_with_ort_arena_is_named_not_silently_used(sample_step):
+    message = in_fresh_process(train_after_an_arena_session, sample_step)
+    assert "another ONNX Runtime session with a CPU arena was created in this process first" in message
+
+
+def train_after_an_arena_session(folder: Path) -> str:
+    ort.InferenceSession(str(folder / "step.onnx"), providers=["CPUExecutionProvider"])  # arena on: ORT's default
+    try:
+        train(folder / "step.onnx", plan_io.read(folder / "plan.json"), 2)
+    except RoamError as e:
+        return str(e)
+    return "trained"
 
 
 def test_a_plan_for_another_model_is_refused(sample_step):
