@@ -171,7 +171,23 @@ def render(graphs: list[tuple[str, str, Path]], results: dict, end_to_end: list,
         for graph, command, wall, code, rss in end_to_end:
             lines.append(f"| {graph} | `{command}` | {wall:.1f} | {code} | {rss:.1f} GiB |")
         lines.append("")
+    lines += running_the_plan()
     return "\n".join(lines)
+
+
+def running_the_plan() -> list[str]:
+    """The latest tables of benchmarks/allocator.py (its own run; it needs real training steps)."""
+    tables = [ROOT / "benchmarks" / "results" / f"{name}.md" for name in ("allocator", "allocator_suite")]
+    found = [t for t in tables if t.is_file()]
+    if not found:
+        return []
+    lines = ["## Running the plan on ONNX Runtime", "",
+             "Training steps in ONNX Runtime's own session with ORT's arenas and with roam's allocator "
+             "(`docs/runtime.md`), from `python benchmarks/allocator.py` (`" + "`, `".join(
+                 str(t.relative_to(ROOT)) for t in found) + "`):", ""]
+    for t in found:
+        lines += [t.read_text().rstrip(), ""]
+    return lines
 
 
 def main(argv=None) -> int:

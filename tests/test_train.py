@@ -182,6 +182,13 @@ def train_after_an_arena_session(folder: Path) -> str:
     return "trained"
 
 
+def test_an_artifacts_training_graph_is_refused_with_what_to_make(tmp_path):
+    r = roam("optimize", SAMPLE, "-o", tmp_path / "plan.json")
+    assert r.code == 0, r.err
+    r = roam("train", SAMPLE, "--plan", tmp_path / "plan.json", "--steps", "1")
+    assert r.code == 2 and "artifacts training graph" in r.err and "--in-graph-optimizer" in r.err, r.err
+
+
 def test_a_plan_for_another_model_is_refused(sample_step):
     r = roam("train", SAMPLE, "--plan", sample_step / "plan.json", "--steps", "1")
     assert r.code == 2 and "another model" in r.err and len(r.err.strip().splitlines()) == 1

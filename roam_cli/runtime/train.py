@@ -28,7 +28,7 @@ import onnxruntime as ort
 
 from roam_cli import memory, pair
 from roam_cli.errors import RoamError, first_line
-from roam_cli.optimizer_graph import LEARNING_RATE
+from roam_cli.optimizer_graph import LEARNING_RATE, gradient_accumulators
 from roam_cli.runtime.allocator import ArenaAllocator
 from roam_cli.runtime.execute import (ARENA_NAMES, RTOL, absolute_weights, difference, extended_bytes, in_order,
                                       input_specs, seed_random_ops)
@@ -67,6 +67,10 @@ class PlannedSession:
         with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
             if pair.member(plan, imported.sha256) is None:
                 raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+            if gradient_accumulators(imported.model.graph):
+                raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
+                                "the optimizer is another graph): roam train runs whole steps; make one with "
+                                f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
             self.graph = imported.graph
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
             not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
