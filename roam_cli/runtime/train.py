@@ -38,6 +38,7 @@ from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
 ALLOCATORS = ("roam", "ort", "ort-same-as-requested")
+NOISE_FLOOR = 1e-3  # magnitudes compared absolutely below this (relative tolerance x floor = 1e-8)
 
 
 @dataclass
@@ -330,13 +331,22 @@ def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, s
     per_step, seconds = [], []
     for r in rows:
         ref = plain.step(batch_for(r.number, start, arrays, plain))
-        per_step.append(max((difference(ref.outputs[n], r.outputs[n])[1] for n in ref.outputs), default=0.0))
+        per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
         seconds.append(ref.seconds)
     got, ref_state = planned.state_arrays(), plain.state_arrays()
     plain.close()
     return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
-            "state_max_rel": max((difference(ref_state[n], got[n])[1] for n in ref_state), default=0.0),
+            "state_max_rel": max((relative_difference(ref_state[n], got[n]) for n in ref_state), default=0.0),
             "state_tensors": len(ref_state), "plain_seconds": seconds}
+
+
+def relative_difference(ref: np.ndarray, got: np.ndarray) -> float:
+    """max |got - ref| relative to the reference's largest magnitude, or to NOISE_FLOOR when it holds
+    nothing larger: such a tensor is rounding noise, whose relative difference means nothing (BERT's
+    attention key biases have a zero gradient in exact arithmetic, softmax ignores them; after a few
+    AdamW steps they and their moments hold 1e-10 to 1e-25 of either sign, run to run)."""
+    max_abs = difference(ref, got)[0]
+    return max_abs / max(float(np.abs(ref).max(initial=0.0)), NOISE_FLOOR) if np.isfinite(max_abs) else max_abs
 
 
 def render_step(r: StepResult, steps: int, plan: dict) -> str:
