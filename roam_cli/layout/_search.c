@@ -33,8 +33,14 @@ enum { EXHAUSTED = 0, FOUND = 1, NODE_LIMIT = -1, DEADLINE = -2, NO_MEMORY = -3,
 typedef struct {
     /* the problem: n buffers, S sections */
     Py_ssize_t n, S;
-    const i64 *size, *slo, *shi, *mem_start, *mem, *ovl_start, *ovl, *rank, *twin_prev;
+    const i64 *size, *slo, *shi, *mem_start, *mem, *ovl_start, *ovl, *twin_prev;
+    i64 *rank;
     i64 C, *weights;
+    /* the ranking's keys: ncols columns of n (smaller first), dynamic[c] for T columns, which
+     * are recomputed into tnow[] from the unplaced bytes when the problem splits */
+    const i64 *keys, *dynamic;
+    Py_ssize_t ncols;
+    i64 *tnow;
     /* the state of the search */
     i64 *minoff, *top, *offset, *total, *cuts, *witness;
     char *placed, *fixed;
@@ -108,16 +114,43 @@ static void unplace(Search *s) {
 static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i64 s1,
                   i64 last_x, i64 last_r);
 
+static const Search *ranking; /* qsort's comparator has no context argument; we hold the GIL */
+
+static int by_keys(const void *pa, const void *pb) {
+    const Search *s = ranking;
+    i64 a = *(const i64 *)pa, b = *(const i64 *)pb;
+    for (Py_ssize_t c = 0; c < s->ncols; ++c) {
+        i64 ka = s->dynamic[c] ? s->tnow[a] : s->keys[c * s->n + a];
+        i64 kb = s->dynamic[c] ? s->tnow[b] : s->keys[c * s->n + b];
+        if (ka != kb) return ka < kb ? -1 : 1;
+    }
+    return a < b ? -1 : a > b;
+}
+
+/* Rank the group[] afresh (see search.py's rerank); its old ranks go to old[]. */
+static void rerank(Search *s, i64 *group, Py_ssize_t len, i64 *old) {
+    for (Py_ssize_t k = 0; k < len; ++k) {
+        i64 i = group[k];
+        s->tnow[i] = -max_total(s, s->slo[i], s->shi[i]);
+    }
+    ranking = s;
+    qsort(group, (size_t)len, sizeof(i64), by_keys);
+    for (Py_ssize_t k = 0; k < len; ++k) {
+        old[k] = s->rank[group[k]];
+        s->rank[group[k]] = k;
+    }
+}
+
 /* The unplaced buffers rest[] fall apart at the zero-cut boundaries splits[]: solve the groups
  * one after the other, largest first (ties: the group met first in rest[]). */
 static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_ssize_t splits_at,
-                        Py_ssize_t nsplits, i64 s0, i64 s1, i64 x, i64 r_b) {
+                        Py_ssize_t nsplits, i64 s0, i64 s1, i64 x) {
     Py_ssize_t mark = s->arena_len, ngroups = nsplits + 1;
     /* per group: size, first position in rest[], fill position; then the group order; then
      * the members grouped; then each member's group */
     Py_ssize_t count_at = push(s, 3 * ngroups), order_at = push(s, ngroups), grouped_at = push(s, rest_len),
-               gid_at = push(s, rest_len);
-    if (count_at < 0 || order_at < 0 || grouped_at < 0 || gid_at < 0) return NO_MEMORY;
+               gid_at = push(s, rest_len), old_at = push(s, rest_len);
+    if (count_at < 0 || order_at < 0 || grouped_at < 0 || gid_at < 0 || old_at < 0) return NO_MEMORY;
     i64 *a = s->arena, *count = a + count_at, *first = count + ngroups, *fill = first + ngroups;
     for (Py_ssize_t g = 0; g < ngroups; ++g) count[g] = 0, first[g] = -1;
     for (Py_ssize_t k = 0; k < rest_len; ++k) {
@@ -155,7 +188,11 @@ static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_s
         i64 g = a[order_at + k];
         i64 g0 = g > 0 ? a[splits_at + g - 1] : s0, g1 = g < nsplits ? a[splits_at + g] : s1;
         i64 start = a[count_at + 2 * ngroups + g] - a[count_at + g]; /* fill ran to its end */
-        int r = search(s, grouped_at + start, a[count_at + g], g0, g1, x, r_b);
+        i64 len = a[count_at + g], *group = a + grouped_at + start, *old = a + old_at;
+        rerank(s, group, len, old);
+        int r = search(s, grouped_at + start, len, g0, g1, x, -1);
+        a = s->arena;
+        for (i64 k = 0; k < len; ++k) s->rank[a[grouped_at + start + k]] = a[old_at + k];
         if (r != FOUND) {
             if (r == EXHAUSTED)
                 while (s->trail_len > trail_mark) unplace(s);
@@ -169,7 +206,7 @@ static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_s
 
 static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i64 s1,
                   i64 last_x, i64 last_r) {
-    const i64 C = s->C, *size = s->size, *slo = s->slo, *shi = s->shi, *rank = s->rank;
+    const i64 C = s->C, *size = s->size, *slo = s->slo, *shi = s->shi, *rank = s->rank;  /* rank: read only here */
     i64 *minoff = s->minoff, *top = s->top, *total = s->total;
     s->nodes += 1;
     if (s->nodes >= s->node_limit) return NODE_LIMIT;
@@ -225,9 +262,10 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
         /* ---- place b at x */
         s->trail_b[s->trail_len] = b, s->trail_x[s->trail_len] = x;
         s->trail_changes[s->trail_len++] = s->change_len;
-        int clash = 0;
+        int clash = 0, hatless = 1;
         for (i64 k = s->ovl_start[b]; k < s->ovl_start[b + 1]; ++k) {
             i64 o = s->ovl[k];
+            if (!s->placed[o]) hatless = 0;
             if (minoff[o] >= t) continue;
             if (s->fixed[o]) {
                 clash = 1;
@@ -286,7 +324,7 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
             Py_ssize_t j = rest_at;
             for (Py_ssize_t k = 0; k < comp_len; ++k)
                 if (a[comp_at + k] != b) a[j++] = a[comp_at + k];
-            int r = nsplits ? split_search(s, rest_at, comp_len - 1, splits_at, nsplits, s0, s1, x, rank[b])
+            int r = nsplits ? split_search(s, rest_at, comp_len - 1, splits_at, nsplits, s0, s1, x)
                             : search(s, rest_at, comp_len - 1, s0, s1, x, rank[b]);
             if (r != EXHAUSTED) {
                 s->arena_len = mark;
@@ -295,6 +333,7 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
         }
         s->arena_len = splits_at;
         unplace(s);
+        if (hatless) break;
     }
     s->backtracks += 1;
     s->arena_len = mark;
@@ -302,7 +341,7 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
 }
 
 typedef struct {
-    Py_buffer size, slo, shi, mem_start, mem, ovl_start, ovl, rank, order, twin_prev, fixed, weights;
+    Py_buffer size, slo, shi, mem_start, mem, ovl_start, ovl, rank, order, twin_prev, fixed, weights, keys, dynamic;
 } Inputs;
 
 static int check_lengths(const Inputs *in, Py_ssize_t *n, Py_ssize_t *S) {
@@ -311,12 +350,14 @@ static int check_lengths(const Inputs *in, Py_ssize_t *n, Py_ssize_t *S) {
     *S = in->mem_start.len / 8 - 1;
     for (size_t k = 0; k < sizeof same_n / sizeof *same_n; ++k)
         if (same_n[k]->len != in->size.len) return 0;
-    return *S >= 0 && in->ovl_start.len == in->size.len + 8 && in->weights.len / 8 >= *S;
+    return *S >= 0 && in->ovl_start.len == in->size.len + 8 && in->weights.len / 8 >= *S &&
+           in->keys.len == in->dynamic.len * *n;
 }
 
 static void release(Inputs *in) {
     Py_buffer *all[] = {&in->size, &in->slo, &in->shi, &in->mem_start, &in->mem, &in->ovl_start,
-                        &in->ovl, &in->rank, &in->order, &in->twin_prev, &in->fixed, &in->weights};
+                        &in->ovl, &in->rank, &in->order, &in->twin_prev, &in->fixed, &in->weights,
+                        &in->keys, &in->dynamic};
     for (size_t k = 0; k < sizeof all / sizeof *all; ++k)
         if (all[k]->obj) PyBuffer_Release(all[k]);
 }
@@ -324,22 +365,25 @@ static void release(Inputs *in) {
 static const char *STATUS[] = {"infeasible", "solved", "node limit", "deadline"};
 
 /* run(size, slo, shi, mem_start, mem, ovl_start, ovl, rank, order, twin_prev, fixed, capacity,
- *     node_limit, seconds, weights) -> (status, offsets | None, nodes, backtracks)
+ *     node_limit, seconds, weights, keys, dynamic) -> (status, offsets | None, nodes, backtracks)
  *
  * All arrays are int64 buffers.  Buffer i covers sections slo[i] .. shi[i]-1; the members of
  * section s are mem[mem_start[s] : mem_start[s+1]] and the buffers overlapping i in time are
  * ovl[ovl_start[i] : ovl_start[i+1]].  order lists the buffers by rank; twin_prev[i] is the
  * identical buffer i must wait for (-1: none); fixed[i] is i's pinned offset (-1: free, pinned
  * offsets already checked against the capacity).  weights (one per section, writable) gains
- * one per failed section check.  status is "solved", "infeasible" (a proof), "node limit" or
+ * one per failed section check.  keys holds the ranking's columns (column c of buffer i at
+ * c*n+i, rank is their lexicographic order, ties by i) and dynamic[c] marks the T columns,
+ * recomputed when the problem splits (rank is rewritten then, and restored).  status is "solved", "infeasible" (a proof), "node limit" or
  * "deadline". */
 static PyObject *run(PyObject *self, PyObject *args) {
     Inputs in = {0};
     long long capacity, node_limit;
     double seconds;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*y*y*y*y*LLdw*", &in.size, &in.slo, &in.shi,
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*w*y*y*y*LLdw*y*y*", &in.size, &in.slo, &in.shi,
                           &in.mem_start, &in.mem, &in.ovl_start, &in.ovl, &in.rank, &in.order,
-                          &in.twin_prev, &in.fixed, &capacity, &node_limit, &seconds, &in.weights))
+                          &in.twin_prev, &in.fixed, &capacity, &node_limit, &seconds, &in.weights,
+                          &in.keys, &in.dynamic))
         return NULL;
     Search s = {0};
     PyObject *result = NULL;
@@ -352,6 +396,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
     s.size = in.size.buf, s.slo = in.slo.buf, s.shi = in.shi.buf, s.mem_start = in.mem_start.buf;
     s.mem = in.mem.buf, s.ovl_start = in.ovl_start.buf, s.ovl = in.ovl.buf, s.rank = in.rank.buf;
     s.twin_prev = in.twin_prev.buf, s.weights = in.weights.buf;
+    s.keys = in.keys.buf, s.dynamic = in.dynamic.buf, s.ncols = in.dynamic.len / 8;
     s.C = capacity, s.node_limit = node_limit;
     const i64 *fixed = in.fixed.buf, *order = in.order.buf;
     clock_gettime(CLOCK_MONOTONIC, &s.deadline);
@@ -362,11 +407,11 @@ static PyObject *run(PyObject *self, PyObject *args) {
     size_t nn = (size_t)n + 1, ns = (size_t)S + 1, nchanges = (size_t)in.ovl.len / 8 + 1;
     s.minoff = malloc(nn * 8), s.top = malloc(nn * 8), s.offset = calloc(nn, 8);
     s.total = calloc(ns, 8), s.cuts = calloc(ns, 8), s.witness = malloc(ns * 8);
-    s.placed = calloc(nn, 1), s.fixed = calloc(nn, 1);
+    s.placed = calloc(nn, 1), s.fixed = calloc(nn, 1), s.tnow = malloc(nn * 8);
     s.trail_b = malloc(nn * 8), s.trail_x = malloc(nn * 8), s.trail_changes = malloc(nn * 8);
     s.change_o = malloc(nchanges * 8), s.change_old = malloc(nchanges * 8);
     int status = NO_MEMORY;
-    if (!(s.minoff && s.top && s.offset && s.total && s.cuts && s.witness && s.placed && s.fixed &&
+    if (!(s.minoff && s.top && s.offset && s.total && s.cuts && s.witness && s.placed && s.fixed && s.tnow &&
           s.trail_b && s.trail_x && s.trail_changes && s.change_o && s.change_old))
         goto done;
     for (Py_ssize_t i = 0; i < n; ++i) {
@@ -398,7 +443,7 @@ static PyObject *run(PyObject *self, PyObject *args) {
         }
         for (Py_ssize_t k = 1, j = splits_at; k < S; ++k)
             if (!s.cuts[k]) s.arena[j++] = k;
-        status = split_search(&s, comp_at, n, splits_at, nsplits, 0, S, 0, -1);
+        status = split_search(&s, comp_at, n, splits_at, nsplits, 0, S, 0);
     } else {
         status = search(&s, comp_at, n, 0, S, 0, -1);
     }
@@ -421,7 +466,7 @@ done:
                                    offsets, (long long)s.nodes, (long long)s.backtracks);
     }
     free(s.minoff), free(s.top), free(s.offset), free(s.total), free(s.cuts), free(s.witness);
-    free(s.placed), free(s.fixed), free(s.trail_b), free(s.trail_x), free(s.trail_changes);
+    free(s.placed), free(s.fixed), free(s.tnow), free(s.trail_b), free(s.trail_x), free(s.trail_changes);
     free(s.change_o), free(s.change_old), free(s.arena);
     release(&in);
     return result;

@@ -175,48 +175,42 @@ class CanonicalSearch:
             self.ovl = overlaps_of(self.lowers, self.uppers)
         return self.ovl
 
-    def ranking(self, heuristic: str, weights=None) -> list[int]:
-        """Buffer ids in the static order named by ``heuristic`` (see DEFAULT_HEURISTICS).
+    def key_columns(self, heuristic: str, weights=None) -> tuple[list[list[int]], list[bool]]:
+        """The sort keys named by ``heuristic`` (see DEFAULT_HEURISTICS), most significant
+        first, each one int per buffer (smaller first), and which of them are ``T`` columns: the
+        search recomputes those from the bytes still unplaced whenever the problem splits.
 
-        ``K`` ranks by the failure weight learnt for the buffer's sections (``weights``)."""
+        ``K`` ranks by the failure weight learnt for the buffer's sections (``weights``); a
+        seed adds a column of random ranks."""
         name, _, seed = heuristic.partition(":")
         n = self.n
-        sec_total = self.sec_total
         slo, shi = self.slo, self.shi
-        totals = [max(sec_total[slo[i]:shi[i]]) for i in range(n)]
-        rnd = None
+        lowers, uppers, size = self.lowers, self.uppers, self.size
+        column = {
+            "T": lambda: [-max(self.sec_total[slo[i]:shi[i]]) for i in range(n)],
+            "W": lambda: [lowers[i] - uppers[i] for i in range(n)],
+            "A": lambda: [-size[i] * (uppers[i] - lowers[i]) for i in range(n)],
+            "Z": lambda: [-z for z in size],
+            "L": lambda: [-lo for lo in lowers],
+            "U": lambda: [-hi for hi in uppers],
+            "K": lambda: [-max((weights or [0] * len(self.sec_total))[slo[i]:shi[i]]) for i in range(n)],
+        }
+        cols = [column[c]() for c in name if c in column]
+        dynamic = [c == "T" for c in name if c in column]
         if seed:
             r = random.Random(int(seed))
             rnd = [r.random() for _ in range(n)]
-        lowers, uppers, size = self.lowers, self.uppers, self.size
-        wk = None
-        if "K" in name:
-            ws = weights or [0] * len(sec_total)
-            wk = [max(ws[slo[i]:shi[i]]) for i in range(n)]
+            col = [0] * n
+            for k, i in enumerate(sorted(range(n), key=rnd.__getitem__)):
+                col[i] = k
+            cols.append(col)
+            dynamic.append(False)
+        return cols, dynamic
 
-        def key(i):
-            out = []
-            for c in name:
-                if c == "K":
-                    out.append(-wk[i])
-                elif c == "T":
-                    out.append(-totals[i])
-                elif c == "W":
-                    out.append(lowers[i] - uppers[i])
-                elif c == "A":
-                    out.append(-size[i] * (uppers[i] - lowers[i]))
-                elif c == "Z":
-                    out.append(-size[i])
-                elif c == "L":
-                    out.append(-lowers[i])
-                elif c == "U":
-                    out.append(-uppers[i])
-            if rnd is not None:
-                out.append(rnd[i])
-            out.append(i)
-            return out
-
-        return sorted(range(n), key=key)
+    def ranking(self, heuristic: str, weights=None) -> list[int]:
+        """Buffer ids in the static order named by ``heuristic`` (ties: the lower id first)."""
+        cols, _ = self.key_columns(heuristic, weights)
+        return sorted(range(self.n), key=lambda i: [c[i] for c in cols] + [i])
 
     # ------------------------------------------------------------------ the search
     def solve(self, capacity: int, deadline: float | None = None, heuristic: str = "TWA",
@@ -239,7 +233,8 @@ class CanonicalSearch:
             return None
         slo, shi, members = self.slo, self.shi, self.members
         ovl = self._overlaps()
-        order = self.ranking(heuristic, weights)
+        cols, dynamic = self.key_columns(heuristic, weights)
+        order = sorted(range(n), key=lambda i: [c[i] for c in cols] + [i])
         if weights is None:
             weights = [0] * len(members)
         rank = [0] * n
@@ -276,7 +271,8 @@ class CanonicalSearch:
                 twin_prev[i] = seen[key]
             seen[key] = i
         if engine == "c":
-            return self._solve_c(C, order, rank, twin_prev, fixed, node_limit, deadline, weights)
+            return self._solve_c(C, order, rank, twin_prev, fixed, node_limit, deadline, weights,
+                                 cols, dynamic)
         offset = [0] * n
         placed = [False] * n
         witness = [m[0] for m in members]
@@ -360,6 +356,7 @@ class CanonicalSearch:
                 rlo = lo_b
                 rhi = hi_b
                 clash = False
+                hatless = all(map(placed.__getitem__, ovl[b]))
                 for o in ovl[b]:
                     if minoff[o] < t:
                         if fx[o]:
@@ -413,14 +410,31 @@ class CanonicalSearch:
                     if not splits:
                         if search(rest, s0, s1, x, r_b):
                             return True
-                    elif split_search(rest, splits, s0, s1, x, r_b):
+                    elif split_search(rest, splits, s0, s1, x):
                         return True
                 unplace()
+                if hatless:
+                    break
             counters[1] += 1
             return False
 
-        def split_search(rest, splits, s0, s1, x, r_b) -> bool:
-            """Solve the groups between zero-cut boundaries one after the other."""
+        def rerank(group):
+            """Rank ``group`` afresh, its ``T`` keys from the bytes still unplaced; returns the
+            ranks it replaced."""
+            now = {}
+            for i in group:
+                now[i] = [-max(total[slo[i]:shi[i]]) if dyn else c[i] for c, dyn in zip(cols, dynamic)]
+                now[i].append(i)
+            group.sort(key=now.__getitem__)
+            old = [rank[i] for i in group]
+            for r, i in enumerate(group):
+                rank[i] = r
+            return old
+
+        def split_search(rest, splits, s0, s1, x) -> bool:
+            """Solve the groups between zero-cut boundaries one after the other, each ranked
+            afresh (what is tight in a group has changed since the static ranking); the floor
+            ``x`` still holds, the old ranks' tie order no longer applies."""
             groups: dict[int, list[int]] = {}
             for i in rest:
                 groups.setdefault(bisect_right(splits, slo[i]), []).append(i)
@@ -429,7 +443,12 @@ class CanonicalSearch:
             for g in sorted(groups, key=lambda g: -len(groups[g])):
                 g0 = splits[g - 1] if g > 0 else s0
                 g1 = splits[g] if g < len(splits) else s1
-                if not search(groups[g], g0, g1, x, r_b):
+                group = groups[g]
+                old = rerank(group)
+                found = search(group, g0, g1, x, -1)
+                for i, r in zip(group, old):
+                    rank[i] = r
+                if not found:
                     while len(trail) > mark:
                         unplace()
                     return False
@@ -443,7 +462,7 @@ class CanonicalSearch:
             comp0 = sorted(range(n), key=rank_get)
             splits0 = [k for k in range(1, S) if not cuts[k]]
             if splits0:
-                return split_search(comp0, splits0, 0, S, 0, -1)
+                return split_search(comp0, splits0, 0, S, 0)
             return search(comp0, 0, S, 0, -1)
 
         if sys.getrecursionlimit() < 4 * n + 1000:
@@ -457,7 +476,7 @@ class CanonicalSearch:
             return None
         return offset
 
-    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights):
+    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
         """The same search in C: the problem goes over as int64 arrays (built once)."""
         if self._arrays is None:
             mem_start = array("q", [0])
@@ -479,7 +498,8 @@ class CanonicalSearch:
 
         def root():
             return _search.run(*self._arrays, array("q", rank), array("q", order),
-                               array("q", twin_prev), pinned, C, limit, seconds, learnt)
+                               array("q", twin_prev), pinned, C, limit, seconds, learnt,
+                               array("q", [v for c in cols for v in c]), array("q", dynamic))
 
         status, offsets, nodes, backtracks = _deep_call(root) if self.n > 2000 else root()
         weights[:] = learnt
