@@ -21,8 +21,8 @@ Who does what, and why:
    A portfolio of static rankings runs round-robin with a doubling node limit (minimalloc's
    restart scheme).  Every failed section check adds to that section's weight, and half of the
    rankings put the buffers of heavily failing sections first, so restarts learn where the
-   instance is tight (a dom/wdeg-style heuristic; it is what solves the hardest minimalloc
-   instances).  With ``jobs > 1`` the rankings run in parallel processes, and independent
+   instance is tight (a dom/wdeg-style heuristic).  The search itself runs in C
+   (:mod:`roam_cli.layout._search`; :mod:`search` is its Python reference).  With ``jobs > 1`` the rankings run in parallel processes, and independent
    pieces are solved in parallel.
 4. **Minimisation.**  Without ``capacity`` the target is the peak-live bound.  If a piece does
    not fit it (proven infeasible, or out of time), the height is bisected between the bound
