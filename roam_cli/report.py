@@ -151,6 +151,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "fragmentation": (arena / peak - 1) if peak else 0.0,
         "peak_step": peak_step,
         "peak_node": plan["order"][peak_step] if plan["order"] else None,
+        "order_bound": order_bound(plan),
         "strategies": strategy_rows(plan),
         "persistent_by_kind": persistent_by_kind(plan),
         "transient_at_peak_by_kind": at_peak_by_kind,
@@ -167,6 +168,25 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     if budget is not None:
         summary["budget"] = budget
     return summary
+
+
+def order_bound(plan: dict) -> dict | None:
+    """How far the plan's order can be from the best order: {lower_bound_bytes, proven_optimal,
+    gap} (gap = peak / bound − 1, what a better order could save at most, as a share of the
+    bound); None for a plan whose order strategy records no bound."""
+    stats = plan["stats"]["order"]
+    if "lower_bound_bytes" not in stats:
+        return None
+    bound, peak = stats["lower_bound_bytes"], plan["peak_live_bytes"]
+    proven = stats.get("proven_optimal", False) or peak <= bound
+    return {"lower_bound_bytes": bound, "proven_optimal": proven,
+            "gap": 0.0 if proven or not bound else peak / bound - 1}
+
+
+def order_bound_line(b: dict) -> str:
+    if b["proven_optimal"]:
+        return f"proven optimal (bound {format_bytes(b['lower_bound_bytes'])})"
+    return f"within {b['gap']:.1%} of optimal (bound {format_bytes(b['lower_bound_bytes'])})"
 
 
 FALLBACK_NOTE = "fell back (the plan is valid, perhaps not the best) — "
@@ -225,6 +245,7 @@ def headline(s: dict) -> list[tuple[str, str]]:
         ("strategy", f"order {s['order_strategy']}, layout {s['layout_strategy']}"),
         ("persistent", format_bytes(s["persistent_bytes"])),
         ("transient peak live", format_bytes(s["peak_live_bytes"])),
+        *([("order", order_bound_line(s["order_bound"]))] if s["order_bound"] else []),
         ("arena", format_bytes(s["arena_bytes"])),
         ("fragmentation", f"{s['fragmentation']:.2%}"),
         ("total (persistent + arena)", format_bytes(s["total_bytes"])),

@@ -7,7 +7,7 @@ from click.testing import CliRunner
 
 from conftest import roam
 from roam_cli.cli import cli
-from roam_cli.report import live_curve, render_markdown, strategy_rows, summarize
+from roam_cli.report import live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
 
 
 def test_live_curve_counts_first_and_last_steps_inclusive():
@@ -70,6 +70,20 @@ def test_a_plan_without_baselines_shows_its_own_row():
     assert row["this_plan"] and row["peak_vs_original"] == 0.0 and row["arena_vs_original"] == 0.0
 
 
+def test_the_order_line_says_how_far_the_order_can_be_from_optimal():
+    open_plan = plan_with({})  # peaks at 800
+    open_plan["stats"]["order"].update(lower_bound_bytes=640, proven_optimal=False)
+    gap = order_bound(open_plan)
+    assert gap == {"lower_bound_bytes": 640, "proven_optimal": False, "gap": pytest.approx(0.25)}  # 800 / 640 - 1
+    assert order_bound_line(gap) == "within 25.0% of optimal (bound 640 B)"
+    open_plan["stats"]["order"]["proven_optimal"] = True  # proven by the search, not by the bound
+    assert order_bound_line(order_bound(open_plan)) == "proven optimal (bound 640 B)"
+    met = plan_with({})
+    met["stats"]["order"].update(lower_bound_bytes=800, proven_optimal=False)
+    assert order_bound(met) == {"lower_bound_bytes": 800, "proven_optimal": True, "gap": 0.0}
+    assert order_bound(plan_with({}, order="original")) is None  # no bound recorded: no line
+
+
 def test_markdown_report_and_budget_exit_codes(sample_plan, tmp_path):
     _, plan_path, plan, _ = sample_plan
     needed = plan["persistent_bytes"] + plan["arena_bytes"]
@@ -82,6 +96,8 @@ def test_markdown_report_and_budget_exit_codes(sample_plan, tmp_path):
     assert len(tables) == 4  # headline, strategies, classes, tensors at the peak
     for table in tables:
         assert len({row.count("|") for row in table}) == 1, table[0]
+    bound = order_bound(plan)
+    assert f"| **order** | {order_bound_line(bound)} |" in md.out and bound["lower_bound_bytes"] <= plan["peak_live_bytes"]
     own = f"| * {plan['stats']['order']['strategy']} | {plan['stats']['layout']['strategy']} |"
     assert "### Strategies measured in this run" in md.out and own in md.out
     fits = roam("report", plan_path, "--budget", needed, "--json")
