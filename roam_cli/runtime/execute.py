@@ -34,7 +34,7 @@ from roam_cli import annotate, pair
 from roam_cli.errors import RoamError, first_line
 from roam_cli.onnx_import import Imported
 from roam_cli.runtime.ort_optimize import SessionOptimizations, planned_optimizations
-from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
+from roam_cli.runtime.providers import arena_providers, check_device, check_started
 from roam_cli.runtime.replay import replay, storage_roots
 from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
@@ -130,12 +130,7 @@ def session(model_bytes: bytes, device: str, ordered: SessionOptimizations | Non
     if profile_prefix:
         options.enable_profiling = True
         options.profile_file_prefix = profile_prefix
-    providers: list = list(PROVIDERS[device])
-    if same_as_requested and device == "cpu":
-        options.add_session_config_entry("session.use_env_allocators", "1")
-    elif device == "cuda":
-        extend = "kSameAsRequested" if same_as_requested else "kNextPowerOfTwo"
-        providers[0] = (providers[0], {"arena_extend_strategy": extend})
+    providers = arena_providers(device, options, same_as_requested)
     try:
         s = ort.InferenceSession(model_bytes, options, providers=providers,
                                  disabled_optimizers=ordered.disabled_optimizers if ordered else None)
@@ -265,9 +260,6 @@ def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, s
     figures = {}
     for strategy in ("next_power_of_two", "same_as_requested"):
         same = strategy == "same_as_requested"
-        if same and device == "cpu":  # the CPU provider takes arena settings only from a shared allocator
-            memory = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-            ort.create_and_register_allocator(memory, ort.OrtArenaCfg(0, 1, -1, -1))  # 1 = kSameAsRequested
         begin = os.lseek(2, 0, os.SEEK_CUR)
         s = session(model_bytes, device, ordered, same_as_requested=same)
         run_step(s, inputs, device)

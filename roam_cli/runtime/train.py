@@ -33,7 +33,7 @@ from roam_cli.runtime.allocator import ArenaAllocator
 from roam_cli.runtime.execute import (ARENA_NAMES, RTOL, absolute_weights, difference, extended_bytes, in_order,
                                       input_specs, seed_random_ops)
 from roam_cli.runtime.ort_optimize import planned_optimizations
-from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
+from roam_cli.runtime.providers import arena_providers, check_device, check_started
 from roam_cli.runtime.synthetic import synthesize
 from roam_cli.units import format_bytes
 
@@ -107,7 +107,7 @@ class PlannedSession:
             options = self.arena.session_options(options)
             providers = self.arena.providers()
         else:
-            providers = ort_providers(self.device, options, same_as_requested=allocator == "ort-same-as-requested")
+            providers = arena_providers(self.device, options, same_as_requested=allocator == "ort-same-as-requested")
         self.log_arena = log_arena and self.arena is None
         with ort_arena_log(self.device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
             try:
@@ -191,28 +191,16 @@ class PlannedSession:
         figures.update(step.stats)
         if step.recorded:
             if step.stats["recorded"] < self.planned_storages / 2:
-                raise RoamError(
-                    f"ONNX Runtime made {step.stats['recorded']} allocation requests for a step whose plan places "
-                    f"{self.planned_storages} tensors: another ONNX Runtime session with a CPU arena was created "
-                    "in this process first, and ORT gives every later session that arena. Create the roam "
-                    "session first, or make the others with enable_cpu_mem_arena = False")
+                why = ("another ONNX Runtime session with a CPU arena was created in this process first, and ORT "
+                       "gives every later session that arena. Create the roam session first, or make the others "
+                       "with enable_cpu_mem_arena = False") if self.device == "cpu" else \
+                    "the CUDA provider did not send its requests to roam's allocator (gpu_external_alloc)"
+                raise RoamError(f"ONNX Runtime made {step.stats['recorded']} allocation requests for a step whose "
+                                f"plan places {self.planned_storages} tensors: {why}")
             figures.update(self.arena.layout)
             figures["bytes"] = self.arena.layout["peak_live_bytes"]
         else:
             figures["bytes"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
-
-
-def ort_providers(device: str, options: ort.SessionOptions, same_as_requested: bool) -> list:
-    providers: list = list(PROVIDERS[device])
-    if not same_as_requested:
-        return providers
-    if device == "cpu":  # the CPU provider takes arena settings only from a shared allocator
-        memory_info = ort.OrtMemoryInfo("Cpu", ort.OrtAllocatorType.ORT_ARENA_ALLOCATOR, 0, ort.OrtMemType.DEFAULT)
-        ort.create_and_register_allocator(memory_info, ort.OrtArenaCfg(0, 1, -1, -1))  # 1 = kSameAsRequested
-        options.add_session_config_entry("session.use_env_allocators", "1")
-        return providers
-    providers[0] = (providers[0], {"arena_extend_strategy": "kSameAsRequested"})
-    return providers
 
 
 @contextmanager
