@@ -28,6 +28,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 from roam_cli import layout
 from roam_cli.errors import RoamError
 from roam_cli.runtime import _planalloc
+from roam_cli.runtime.providers import PROVIDERS
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
 ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]
@@ -94,11 +95,12 @@ class ArenaAllocator:
         return options
 
     def providers(self) -> list:
-        if self.device == "cpu":
-            return ["CPUExecutionProvider"]
-        alloc, free, empty = self.cuda_functions
-        return [("CUDAExecutionProvider", {"gpu_external_alloc": str(alloc), "gpu_external_free": str(free),
-                                           "gpu_external_empty_cache": str(empty)}), "CPUExecutionProvider"]
+        providers: list = list(PROVIDERS[self.device])
+        if self.device == "cuda":
+            alloc, free, empty = self.cuda_functions
+            providers[0] = (providers[0], {"gpu_external_alloc": str(alloc), "gpu_external_free": str(free),
+                                           "gpu_external_empty_cache": str(empty)})
+        return providers
 
     @contextmanager
     def step(self):

@@ -85,6 +85,7 @@ class PlannedSession:
             self.session = self._session(model, ordered, allocator, log_arena, config or {})
         self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
+        self.input_shapes = {name: tuple(shape) for name, _, shape in input_specs(self.graph)}
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.state: dict[str, ort.OrtValue] = {}
         self.steps = 0
@@ -267,13 +268,12 @@ def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.nda
 
 def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
               session: PlannedSession) -> dict[str, np.ndarray]:
-    specs = {name: tuple(shape) for name, _, shape in input_specs(session.graph)}
     batch = {}
     for name in session.input_names:
         if name in session.state_names:
             continue
         array = arrays.get(name, values[name])
-        batch[name] = array if array.shape == specs[name] else array[(step - 1) % array.shape[0]]
+        batch[name] = array if array.shape == session.input_shapes[name] else array[(step - 1) % array.shape[0]]
     return batch
 
 
