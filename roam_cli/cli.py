@@ -9,7 +9,7 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, budget as budget_mod, layout, milp, order, pair, pipeline, plan as plan_io, \
+from roam_cli import __version__, budget as budget_mod, layout, milp, order, pair, pipeline, plan as plan_io, recompute, \
     report as report_mod, training_graph
 from roam_cli.errors import CheckFailed, RoamError
 from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
@@ -115,6 +115,9 @@ def cli(ctx, quiet, verbose):
 @click.option("--time-limit", type=float, default=None, help="Seconds the solvers may use in all.")
 @click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
+@click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
+              help="Recompute values in the backward instead of keeping them: free (cheap ops only, min-cut) "
+                   "or budget (the fewest FLOPs that fit --budget).")
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Also draw the plan's pictures (PNG and SVG) into this directory (needs roam[plot]).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's summary as JSON.")
@@ -127,8 +130,8 @@ def cli(ctx, quiet, verbose):
               help="Whose graph optimisations --ort-optimized applies [default: cpu].")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
-             shapes_from_run, inplace, loss, time_limit, jobs, budget, plot_dir, as_json, reproducible, ort_optimized,
-             provider):
+             shapes_from_run, inplace, loss, time_limit, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
+             ort_optimized, provider):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
@@ -137,6 +140,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
       roam optimize model.onnx -o plan.json --dim batch=8 --annotated-model planned.onnx
       roam optimize model.onnx -o plan.json --budget 16GiB --plot pictures/
       roam optimize training_model.onnx -o plan.json --ort-optimized extended --annotated-model planned.onnx
+      roam optimize full_step.onnx -o plan.json --recompute free
+      roam optimize full_step.onnx -o plan.json --recompute budget --budget 6GiB
     """
     check_output_path(plan_path, [model])
     if provider is not None and ort_optimized is None:
@@ -145,6 +150,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         raise RoamError(f"--time-limit must be a positive number of seconds, got {time_limit}")
     if jobs < 1:
         raise RoamError(f"--jobs must be at least 1, got {jobs}")
+    if recompute_mode == "budget" and budget is None:
+        raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
     milp.check_solver(solver)
     if plot_dir is not None:
         from roam_cli import plot
@@ -162,7 +169,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,
         inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
-        solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu")
+        solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu",
+        recompute=recompute_mode, budget=budget)
     with Progress(obj["quiet"]) as progress, \
             pipeline.scratch(annotated_model if ort_optimized else None) as ort_model:
         result = pipeline.run(model, plan_path, options, progress, ort_model)

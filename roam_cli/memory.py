@@ -38,7 +38,10 @@ INPLACE_KEY = "roam.inplace"
 
 PERSISTENT_KINDS = ("parameter", "optimizer_state", "gradient_buffer", "constant", "data_input")
 TRANSIENT_KINDS = ("activation", "gradient", "update_temp")
-NODE_CLASSES = ("forward", "backward", "accumulate", "update")
+NODE_CLASSES = ("forward", "backward", "accumulate", "update", "recompute")
+# metadata_props key of a model with nodes roam added to recompute values after the forward:
+# {"copy node": "original node"} (roam_cli.recompute)
+RECOMPUTE_KEY = "roam.recompute"
 
 
 @dataclass(frozen=True)
@@ -190,7 +193,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         if name in graph.outputs and name not in pairs:
             to_end.add(r)
     transient_kind = {"forward": "activation", "backward": "gradient", "update": "update_temp",
-                      "accumulate": "gradient"}
+                      "accumulate": "gradient", "recompute": "activation"}
     storages = []
     for i, n in enumerate(nodes):
         for out in n.outputs:
@@ -266,7 +269,8 @@ def names_derived(outputs: tuple[str, ...], aliases_of: dict[str, list[str]]) ->
 
 def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[str]:
     """forward: the loss's ancestors; accumulate: gradient accumulators; update: optimizer steps
-    and the chains feeding only them; backward: the rest."""
+    and the chains feeding only them; recompute: copies roam added (RECOMPUTE_KEY); backward:
+    the rest."""
     nodes = graph.nodes
     if loss is None:
         loss = next((o for o in graph.outputs if o in graph.producer and graph.values[o].nbytes
@@ -285,13 +289,28 @@ def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[st
     classes = ["forward" if i in forward else rest for i in range(len(nodes))]
     for i in writers:
         classes[i] = "accumulate" if nodes[i].op_type in ACCUMULATOR_OPS else "update"
+    copies = recompute_copies(graph)
+    for i, n in enumerate(nodes):
+        if n.name in copies:
+            classes[i] = "recompute"
     for i in reversed(range(len(nodes))):
-        if i in forward or i in writers or any(o.endswith("_grad") for o in nodes[i].outputs):
+        if (i in forward or i in writers or classes[i] == "recompute"
+                or any(o.endswith("_grad") for o in nodes[i].outputs)):
             continue
         users = {u for o in nodes[i].outputs for u in graph.consumers.get(o, ())}
         if users and all(classes[u] == "update" for u in users):
             classes[i] = "update"
     return classes
+
+
+def recompute_copies(graph: Graph) -> dict[str, str]:
+    """{copy node: original node} of the nodes roam added to recompute values (RECOMPUTE_KEY)."""
+    try:
+        copies = json.loads(graph.metadata.get(RECOMPUTE_KEY, "{}"))
+        assert isinstance(copies, dict)
+    except (ValueError, AssertionError):
+        raise RoamError(f"model metadata {RECOMPUTE_KEY!r} is not a JSON object of copy -> original node") from None
+    return copies
 
 
 def lifetimes(mm: MemoryModel, order: list[int]) -> list[tuple[int, int]]:

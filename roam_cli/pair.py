@@ -8,6 +8,7 @@ from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+from roam_cli import recompute
 from roam_cli.onnx_import import Imported, import_model
 
 # The plan's fields that name the members. A plan made before roam recorded the pair names only
@@ -39,17 +40,22 @@ def source(plan: dict) -> dict:
 
 @contextmanager
 def planned_graph(model_path: Path, plan: dict, shapes_from_run: bool = False) -> Iterator[Imported]:
-    """The graph `plan` orders, read from `model_path`: the file itself, except the source of a plan
-    made from ONNX Runtime's optimisations (`ort_optimized`), which ORT optimises again the same way
-    into a folder that lasts as long as the context. `sha256` is always the given file's, for
-    member(); a file outside the pair is imported as it is, for the caller to refuse."""
+    """The graph `plan` orders, read from `model_path`: the file itself, except for the source
+    model of a plan that changed the graph, which is changed again the same way: ORT's
+    optimisations (`ort_optimized`), which ORT applies again into a folder that lasts as long as
+    the context, and then the recomputing copies (`recompute`). `sha256` is always the given
+    file's, for member(); a file outside the pair is imported as it is, for the caller to refuse."""
     imported = import_model(model_path, plan.get("dims", {}), shapes_from_run)
-    if "ort_optimized" not in plan or member(plan, imported.sha256) != "source_model":
+    if member(plan, imported.sha256) != "source_model":
         yield imported
         return
-    from roam_cli.runtime import ort_optimize  # ONNX Runtime is loaded only for such a plan
-
     with tempfile.TemporaryDirectory(prefix="roam-") as folder:
-        optimized = Path(folder) / Path(model_path).name
-        ort_optimize.reproduce(Path(model_path), plan["ort_optimized"], optimized)
-        yield replace(import_model(optimized, plan.get("dims", {}), shapes_from_run), sha256=imported.sha256)
+        if "ort_optimized" in plan:
+            from roam_cli.runtime import ort_optimize  # ONNX Runtime is loaded only for such a plan
+
+            optimized = Path(folder) / Path(model_path).name
+            ort_optimize.reproduce(Path(model_path), plan["ort_optimized"], optimized)
+            imported = replace(import_model(optimized, plan.get("dims", {}), shapes_from_run), sha256=imported.sha256)
+        if "recompute" in plan:
+            imported = recompute.reapply(imported, plan["recompute"])
+        yield imported

@@ -8,7 +8,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from roam_cli import annotate, layout, memory, order, plan as plan_io
+from roam_cli import annotate, layout, memory, order, plan as plan_io, recompute
+from roam_cli.errors import CheckFailed
 from roam_cli.fileio import check_output_path
 from roam_cli.onnx_import import Imported, external_data_files, import_model, load_model
 
@@ -31,6 +32,8 @@ class Options:
     reproducible: bool = False  # leave wall-clock figures out of the plan (byte-identical reruns)
     ort_optimized: str | None = None  # plan ONNX Runtime's optimisation at this level: basic | extended
     provider: str = "cpu"  # ... for this execution provider: cpu | cuda
+    recompute: str = "off"  # off | free | budget (recompute.MODES)
+    budget: int | None = None  # bytes the plan must fit (persistent + arena) with recompute "budget"
 
 
 @dataclass
@@ -83,16 +86,94 @@ def graph_figures(plan: dict) -> dict:
 
 
 def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Result:
-    seconds = {}
+    """Import the model and plan it, recomputing as options.recompute says."""
     t = time.perf_counter()
     say("importing the model")
     imported = import_model(model_path, options.dims, options.shapes_from_run)
-    seconds["import"] = time.perf_counter() - t
-
+    imported_seconds = time.perf_counter() - t
     t = time.perf_counter()
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
-    seconds["memory_model"] = time.perf_counter() - t
+    seconds = {"import": imported_seconds, "memory_model": time.perf_counter() - t}
+    if options.recompute == "off":
+        return plan_model(imported, mm, model_path, plan_path, options, seconds, say)
+    return plan_recomputed(imported, mm, model_path, plan_path, options, seconds, say)
 
+
+def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path, plan_path: Path,
+                    options: Options, seconds: dict, say) -> Result:
+    """Plan the model as it is and with recomputation (`free`: the min-cut's choice; `budget`:
+    the fewest FLOPs whose plan fits options.budget); the plan's `recompute` records the copies,
+    stats.recompute both plans' figures. The time limit is shared by every plan made."""
+    start = time.perf_counter()
+    deadline = start + (options.time_limit if options.time_limit is not None else order.DEFAULT_SECONDS * 4)
+    share = lambda parts: replace(options, time_limit=max(deadline - time.perf_counter(), 1.0) / parts)  # noqa: E731
+    say("planning the model as it is")
+    kept = plan_model(imported, mm, model_path, plan_path, share(2), dict(seconds), say)
+    if options.recompute == "free":
+        choice = recompute.free(imported.graph, mm)
+        result = plan_choice(imported, mm, choice, model_path, plan_path, share(1), seconds, say)
+    else:
+        result = plan_within_budget(imported, mm, kept, model_path, plan_path, options, seconds, deadline, share, say)
+    plan = result.plan
+    plan["stats"]["recompute"] = {"before": graph_figures(kept.plan), "after": graph_figures(plan)}
+    if not options.reproducible:  # choosing, and the plans made besides this one
+        spent = plan["stats"]["seconds"]
+        spent["recompute"] = time.perf_counter() - start - spent["order"] - spent["layout"]
+    return result
+
+
+def plan_choice(imported: Imported, mm: memory.MemoryModel, choice: recompute.Choice, model_path: Path,
+                plan_path: Path, options: Options, seconds: dict, say) -> Result:
+    say(f"recomputing {len(choice.copied)} nodes")
+    rewritten, record = recompute.apply(imported, mm, choice, options.recompute)
+    new_mm = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
+    result = plan_model(rewritten, new_mm, model_path, plan_path, options, dict(seconds), say)
+    result.plan["recompute"] = record
+    return result
+
+
+def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result, model_path: Path, plan_path: Path,
+                       options: Options, seconds: dict, deadline: float, share, say) -> Result:
+    """The plan of the fewest recomputed FLOPs that fits options.budget. The bytes kept across
+    the forward/backward boundary are what recomputation changes; the rest of a plan's needs
+    (persistent bytes, the backward's own tensors) are estimated from the last plan made, and
+    the boundary's limit lowered by each plan's excess until one fits. CheckFailed (exit 1)
+    when even the fewest bytes any recompute can keep does not fit, with the size it needs."""
+    budget = options.budget
+    if needed_bytes(kept.plan) <= budget:
+        say("the plan fits the budget without recomputing")
+        return plan_choice(imported, mm, recompute.keep_all(imported.graph, mm), model_path, plan_path,
+                           share(1), seconds, say)
+    fewest = recompute.fewest_bytes(imported.graph, mm)
+    limit = budget - (needed_bytes(kept.plan) - recompute.keep_all(imported.graph, mm).kept_bytes)
+    for _ in range(BUDGET_ROUNDS):
+        limit = max(limit, fewest.kept_bytes)
+        say(f"choosing what to recompute to keep at most {limit} bytes")
+        choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
+                                   max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
+        result = plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say)
+        excess = needed_bytes(result.plan) - budget
+        if excess <= 0:
+            return result
+        if limit == fewest.kept_bytes:
+            break
+        limit -= excess
+    raise CheckFailed(f"--budget {budget} bytes cannot be met: the smallest plan roam found, recomputing "
+                      f"{len(result.plan['recompute']['nodes'])} nodes, needs {needed_bytes(result.plan)} bytes "
+                      f"(persistent {result.plan['persistent_bytes']} + arena {result.plan['arena_bytes']})")
+
+
+BUDGET_ROUNDS = 6  # plans made to meet a budget before giving up on it
+BUDGET_ILP_SHARE = 0.2  # of the time left, what one recompute ILP may take
+
+
+def needed_bytes(plan: dict) -> int:
+    return plan["persistent_bytes"] + plan["arena_bytes"]
+
+
+def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, plan_path: Path, options: Options,
+               seconds: dict, say) -> Result:
+    """Order and lay out the graph of `imported`, whose memory model is `mm`: the plan."""
     t = time.perf_counter()
     say(f"ordering {len(imported.graph.nodes)} nodes: baselines")
     op_types = [n.op_type for n in imported.graph.nodes]
@@ -134,7 +215,7 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
     if options.reproducible:
         stats = plan_io.without_wall_clock(stats)
     result = plan_io.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
-                        model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
+                           model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
     return Result(result, imported, mm, imported.notes + mm.notes, model_path)
 
 
@@ -157,11 +238,11 @@ def scratch(annotated_path: Path | None) -> Iterator[Path | None]:
 def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[Path, bytes | str | Path]:
     """What optimize writes, as one set (see fileio.write_all_atomic): the annotated model, when
     asked for or when the plan's graph is not the source file as it is (generated node names,
-    ORT's optimisations), with the weights of ORT's graph; and the plan, which names both members
+    ORT's optimisations, recomputing copies), with the weights of ORT's graph; and the plan, which names both members
     of the pair and, as `model`, the one whose graph it orders."""
     plan = result.plan
     ort_graph = "ort_optimized" in plan
-    changed = result.imported.renamed or ort_graph
+    changed = result.imported.renamed or ort_graph or "recompute" in plan
     if annotated_path is None and changed:
         annotated_path = default_annotated_path(plan_path)
         check_output_path(annotated_path, [result.source, plan_path])
@@ -175,7 +256,8 @@ def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[
         plan["annotated_model"] = plan_io.file_ref(annotated_path, hashlib.sha256(data).hexdigest(), plan_path)
         if changed:
             plan["model"] = dict(plan["annotated_model"])
-            what = "ONNX Runtime's optimised graph" if ort_graph else "the generated node names"
+            what = ("ONNX Runtime's optimised graph" if ort_graph else "the recomputing copies" if "recompute" in plan
+                    else "the generated node names")
             result.notes.append(f"the plan refers to {annotated_path}, which carries {what}")
         if result.weights is not None:
             target = annotated_path.with_name(result.weights.name)

@@ -56,6 +56,9 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"node {node.name!r} at step {step[node.name]} reads {inp!r} before it is "
                                 f"produced (step {produced_at[inp]})")
 
+    if "recompute" in plan:
+        check_recompute(graph, plan["recompute"], step)
+
     tensors = {}
     for t in plan["tensors"]:
         if t["name"] in tensors:
@@ -168,6 +171,38 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
     if plan["persistent_bytes"] != persistent:
         raise Violation(f"plan states {plan['persistent_bytes']} persistent bytes; its tensors give {persistent}")
     return Summary(len(names), len(placed), arena, peak)
+
+
+def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
+    """Each copy the plan lists is its original's op reading the same tensors or their listed
+    recomputed versions, so it computes the same values; each recomputed tensor is its copy's
+    output in its original's place, produced before every step that reads it."""
+    nodes = {n.name: n for n in graph.nodes}
+    replaces = {t["name"]: t["of"] for t in record["tensors"]}
+    copy_of = {}
+    for entry in record["nodes"]:
+        copy, original = nodes.get(entry["node"]), nodes.get(entry["of"])
+        if copy is None or original is None:
+            missing = entry["node"] if copy is None else entry["of"]
+            raise Violation(f"the plan's recompute record names node {missing!r}, which the model does not have")
+        if (copy.domain, copy.op_type) != (original.domain, original.op_type) or len(copy.inputs) != len(original.inputs):
+            raise Violation(f"recomputing node {copy.name!r} is not a copy of {original.name!r}")
+        for mine, theirs in zip(copy.inputs, original.inputs):
+            if mine != theirs and replaces.get(mine) != theirs:
+                raise Violation(f"recomputing node {copy.name!r} reads {mine!r} where {original.name!r} reads {theirs!r}")
+        copy_of[copy.name] = original
+    producers = {out: (n, k) for n in graph.nodes for k, out in enumerate(n.outputs)}
+    for t in record["tensors"]:
+        made = producers.get(t["name"])
+        if made is None or made[0].name not in copy_of or copy_of[made[0].name].outputs[made[1]] != t["of"]:
+            raise Violation(f"recomputed tensor {t['name']!r} is not made by a copy of the node making {t['of']!r}")
+        at = step[made[0].name]
+        for reader in t.get("readers", ()):
+            if reader not in step or reader not in nodes or t["name"] not in nodes[reader].inputs:
+                raise Violation(f"recomputed tensor {t['name']!r} lists reader {reader!r}, which does not read it")
+            if step[reader] <= at:
+                raise Violation(f"recomputed tensor {t['name']!r} is read by {reader!r} at step {step[reader]}, "
+                                f"before it is recomputed at step {at}")
 
 
 def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:

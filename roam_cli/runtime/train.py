@@ -29,6 +29,7 @@ import onnxruntime as ort
 from roam_cli import memory, pair
 from roam_cli.errors import RoamError, first_line
 from roam_cli.optimizer_graph import LEARNING_RATE, gradient_accumulators
+from roam_cli.recompute import rewrite
 from roam_cli.runtime.allocator import ArenaAllocator
 from roam_cli.runtime.execute import (ARENA_NAMES, RTOL, absolute_weights, difference, extended_bytes, in_order,
                                       input_specs, seed_random_ops)
@@ -53,6 +54,8 @@ class PlannedSession:
     """One training graph in ONNX Runtime, run step after step with its state updated in place.
 
     ordered: the plan's order (PRIORITY_BASED), else ORT's default order for the file's nodes.
+    recomputing: False runs the graph without the plan's recomputing copies (`recompute`): the
+    graph as it was, which `compare` checks the planned run against.
     allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
     recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
     exactly what is asked (CPU: registered process-wide, as ORT allows). ORT's arena bytes come
@@ -60,7 +63,8 @@ class PlannedSession:
     session config entries (`SessionOptions.add_session_config_entry`)."""
 
     def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
-                 ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None):
+                 ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None,
+                 recomputing: bool = True):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
@@ -80,6 +84,8 @@ class PlannedSession:
                                 "graph inputs (roam make-training-graph --in-graph-optimizer writes such)")
             # the plan's order, whichever member was given (the annotated model has it already)
             model = in_order(imported.model, plan["order"]) if ordered else imported.model
+            if not recomputing and "recompute" in plan:
+                model = rewrite.undo(model, plan["recompute"])
             seed_random_ops(model, seed)
             absolute_weights(model, imported.path.resolve().parent)
             self.session = self._session(model, ordered, allocator, log_arena, config or {})
@@ -311,10 +317,11 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
 
 
 def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed) -> dict:
-    """The same steps on a plain session of the same file: ORT's default order and arena, what the
-    plan changes. The largest difference in the returned outputs per step and in the final state,
+    """The same steps on a plain session of the same file: ORT's default order and arena, and the
+    graph without the plan's recomputing copies, which is what the plan changes. The largest difference in the returned outputs per step and in the final state,
     each relative to the reference's largest magnitude (`execute.difference`)."""
-    plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False)
+    plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False,
+                           recomputing=False)
     plain.set_state(start)
     per_step, seconds = [], []
     for r in rows:

@@ -1,0 +1,46 @@
+"""`--recompute budget`: the fewest FLOPs recomputed such that at most `limit` bytes are kept
+live across the forward/backward boundary (a Checkmate-style 0/1 program, solved by CBC or HiGHS).
+
+Variables: save[v] per forward value that can be kept (views cannot: their base is), copy[k]
+per node that may be copied. A needed value is saved or its node copied; a copied node's inputs
+are saved, copied or persistent; the saved bytes fit `limit`; minimise the copies' FLOPs."""
+
+import pulp
+
+from roam_cli import milp
+from roam_cli.recompute.problem import Problem, recomputed
+
+
+def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set[str]) -> tuple[set[str] | None, str]:
+    """(saved values, solver status); None when no choice fits `limit` or the solver found none.
+    `start` is a saved set that fits (the warm start), or empty."""
+    producer = problem.producer()
+    lp = pulp.LpProblem("recompute", pulp.LpMinimize)
+    save = {v: pulp.LpVariable(f"s{i}", cat=pulp.LpBinary)
+            for i, (v, c) in enumerate(problem.cost.items()) if c is not None}
+    copy = {k: pulp.LpVariable(f"r{k}", cat=pulp.LpBinary) for k, ok in enumerate(problem.copyable) if ok}
+
+    def available(v: str):
+        """save[v] + copy[producer]: 1 when v can be read after the forward"""
+        terms = [x for x in (save.get(v), copy.get(producer[v])) if x is not None]
+        return pulp.lpSum(terms)
+
+    lp += pulp.lpSum(problem.flops[k] * x for k, x in copy.items())
+    for v in sorted(problem.needed):
+        lp += available(v) >= 1
+    for k, x in copy.items():
+        for v in problem.inputs[k]:
+            if v in producer and v not in problem.free:
+                lp += available(v) >= x
+    lp += pulp.lpSum(problem.cost[v] * x for v, x in save.items()) <= limit
+    if start:
+        copied = set(recomputed(problem, start))
+        for v, x in save.items():
+            x.setInitialValue(1 if v in start else 0)
+        for k, x in copy.items():
+            x.setInitialValue(1 if k in copied else 0)
+    status = milp.solve(lp, solver, deadline, warm=bool(start))
+    if status not in milp.FOUND:
+        return None, status
+    return {v for v, x in save.items() if x.value() is not None and x.value() > 0.5}, status
+

@@ -1,0 +1,79 @@
+"""The recompute problem as plain values, and what a choice of saved values implies.
+
+The forward pass (the loss's ancestors) computes values; the nodes after it (backward, gradient
+accumulation, optimizer) read some of them (`needed`). A needed value is either kept live from
+the forward into the backward (saved), or recomputed there by a copy of its producer, whose own
+inputs are in turn saved, recomputed, or persistent (`free`: parameters and data inputs are live
+anyway). Solvers choose the saved set; `recomputed()` derives the copies it implies."""
+
+from dataclasses import dataclass
+
+from roam_cli.graph import Graph
+from roam_cli.memory import MemoryModel
+from roam_cli.recompute import flops as flops_mod, ops
+
+
+@dataclass(frozen=True)
+class Problem:
+    nodes: tuple[int, ...]  # the forward nodes' graph indices, in graph order
+    inputs: tuple[tuple[str, ...], ...]  # per forward node
+    outputs: tuple[tuple[str, ...], ...]
+    copyable: tuple[bool, ...]  # may be recomputed in this mode
+    flops: tuple[int, ...]  # cost of recomputing it once
+    cost: dict[str, int | None]  # forward value -> bytes kept live if saved (0: live anyway; None: a view, never saved itself)
+    base: dict[str, str]  # forward value -> the value owning its storage (itself, or a view's base)
+    free: frozenset[str]  # available after the forward at no cost (persistent storage)
+    needed: frozenset[str]  # forward values read after the forward
+
+    def producer(self) -> dict[str, int]:
+        """forward value -> position of its node in `nodes`"""
+        return {v: k for k, outs in enumerate(self.outputs) for v in outs}
+
+
+def build(graph: Graph, mm: MemoryModel, mode: str) -> Problem:
+    forward = [i for i, c in enumerate(mm.node_class) if c == "forward"]
+    in_forward = set(forward)
+    free = frozenset(name for name in graph.values if mm.storage_of[name] in mm.persistent)
+    to_end = {s.root for s in mm.storages if s.to_end}
+    cost: dict[str, int | None] = {}
+    base: dict[str, str] = {}
+    needed = set()
+    for i in forward:
+        for v in graph.nodes[i].outputs:
+            if v in free:
+                continue
+            root = base[v] = mm.storage_of[v]
+            cost[v] = None if root != v else 0 if root in to_end else mm.tensor_bytes[v]
+            if any(u not in in_forward for u in graph.consumers.get(v, ())):
+                needed.add(v)
+    return Problem(tuple(forward), tuple(graph.nodes[i].inputs for i in forward),
+                   tuple(graph.nodes[i].outputs for i in forward),
+                   tuple(ops.copyable(graph.nodes[i], mode) for i in forward),
+                   tuple(flops_mod.node_flops(graph, graph.nodes[i]) for i in forward),
+                   cost, base, free, frozenset(needed))
+
+
+def recomputed(problem: Problem, saved: set[str]) -> list[int]:
+    """Positions (in problem.nodes) of the nodes to copy so that every needed value is saved,
+    free, or produced by a copy; ascending. Raises ValueError when that needs a node that may
+    not be copied (a solver's bug, never a user's error)."""
+    producer = problem.producer()
+    chosen: set[int] = set()
+    stack = [v for v in problem.needed if v not in saved]
+    seen = set(stack)
+    while stack:
+        v = stack.pop()
+        k = producer[v]
+        if not problem.copyable[k]:
+            raise ValueError(f"value {v!r} is neither saved nor recomputable")
+        chosen.add(k)
+        for x in problem.inputs[k]:
+            if x in producer and x not in saved and x not in problem.free and x not in seen:
+                seen.add(x)
+                stack.append(x)
+    return sorted(chosen)
+
+
+def kept_storages(problem: Problem, saved: set[str]) -> set[str]:
+    """The storages that saving `saved` keeps live across the boundary (a view keeps its base)."""
+    return {problem.base[v] for v in saved if v in problem.base and problem.cost.get(problem.base[v])}
