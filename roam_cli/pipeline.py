@@ -142,8 +142,10 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     budget = options.budget
     if needed_bytes(kept.plan) <= budget:
         say("the plan fits the budget without recomputing")
-        return plan_choice(imported, mm, recompute.keep_all(imported.graph, mm), model_path, plan_path,
-                           share(1), seconds, say)
+        result = plan_choice(imported, mm, recompute.keep_all(imported.graph, mm), model_path, plan_path,
+                             share(1), seconds, say)
+        result.plan["recompute"]["budget_bytes"] = budget
+        return result
     fewest = recompute.fewest_bytes(imported.graph, mm)
     limit = budget - (needed_bytes(kept.plan) - recompute.keep_all(imported.graph, mm).kept_bytes)
     for _ in range(BUDGET_ROUNDS):
@@ -152,6 +154,7 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
                                    max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
         result = plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say)
+        result.plan["recompute"]["budget_bytes"] = budget
         excess = needed_bytes(result.plan) - budget
         if excess <= 0:
             return result

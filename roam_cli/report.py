@@ -165,6 +165,8 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     effect = ort_effect(plan)
     if effect is not None:
         summary["ort_optimization"] = effect
+    if "recompute" in plan:
+        summary["recompute"] = recompute_effect(plan)
     if budget is not None:
         summary["budget"] = budget
     return summary
@@ -221,6 +223,55 @@ def ort_line(effect: dict) -> str:
 
     return (f"ORT optimisations ({effect['level']}, {effect['provider']}): {before['nodes']:,} → {after['nodes']:,} nodes, "
             f"peak live {change('peak_live_bytes')}, arena {change('arena_bytes')}")
+
+
+def recompute_effect(plan: dict) -> dict:
+    """The plan's recomputation: copies, the FLOPs they add (absolute and as a share of the step's),
+    the bytes kept across the forward/backward boundary and the plan's figures without and with
+    it, and per op class the copies, their FLOPs and the bytes no longer kept."""
+    r = plan["recompute"]
+    copies_by_class: dict[str, int] = {}
+    for n in r["nodes"]:
+        copies_by_class[n.get("class") or n["op_type"]] = copies_by_class.get(n.get("class") or n["op_type"], 0) + 1
+    step = r["step_flops"]
+    by_class = [{"class": c, "copies": copies_by_class.get(c, 0), "flops": v.get("flops", 0),
+                 "flops_share": v.get("flops", 0) / step if step else 0.0, "bytes_not_kept": v.get("bytes_not_kept", 0)}
+                for c, v in sorted(r.get("by_class", {}).items())]
+    return {"mode": r["mode"], "copies": len(r["nodes"]), "tensors": len(r["tensors"]),
+            "extra_flops": r["extra_flops"], "step_flops": step,
+            "extra_flops_share": r["extra_flops"] / step if step else 0.0,
+            "kept_bytes": r.get("kept_bytes"), "plans": plan["stats"].get("recompute"), "by_class": by_class}
+
+
+def recompute_line(e: dict) -> str:
+    """One line: what recomputation saved and what it costs."""
+    text = f"recompute ({e['mode']}): {e['copies']:,} nodes added"
+    plans = e["plans"]
+    if plans:
+        before, after = plans["before"]["peak_live_bytes"], plans["after"]["peak_live_bytes"]
+        change = after / before - 1 if before else 0.0
+        text += (f", peak live {format_bytes(before)} → {format_bytes(after)} ({'−' if change < 0 else '+'}"
+                 f"{abs(change):.1%})")
+    if e["kept_bytes"]:
+        text += (f", kept for the backward {format_bytes(e['kept_bytes']['before'])} → "
+                 f"{format_bytes(e['kept_bytes']['after'])}")
+    return (text + f"; {format_flops(e['extra_flops'])} more ({e['extra_flops_share']:.2%} of the step's "
+            f"{format_flops(e['step_flops'])})")
+
+
+def format_flops(n: int) -> str:
+    for unit, scale in (("TFLOP", 1e12), ("GFLOP", 1e9), ("MFLOP", 1e6), ("kFLOP", 1e3)):
+        if n >= scale:
+            return f"{n / scale:,.2f} {unit}"
+    return f"{n} FLOP"
+
+
+RECOMPUTE_COLUMNS = ("op class", "added nodes", "FLOPs", "of step", "not kept")
+
+
+def recompute_rows(e: dict) -> list[tuple[str, ...]]:
+    return [(c["class"], f"{c['copies']:,}", format_flops(c["flops"]), f"{c['flops_share']:.2%}",
+             format_bytes(c["bytes_not_kept"])) for c in e["by_class"]]
 
 
 def cell_bytes(n) -> str:
@@ -292,6 +343,14 @@ def render_table(s: dict, console: Console) -> None:
     console.print(head)
     if "ort_optimization" in s:
         console.print(ort_line(s["ort_optimization"]), highlight=False)
+    if "recompute" in s:
+        console.print(recompute_line(s["recompute"]), highlight=False)
+        per_class = Table(title="recomputed, by op class", title_justify="left", box=box.SIMPLE_HEAD)
+        for col in RECOMPUTE_COLUMNS:
+            per_class.add_column(col, justify="left" if col == "op class" else "right")
+        for row in recompute_rows(s["recompute"]):
+            per_class.add_row(*row)
+        console.print(per_class)
     if "budget" in s:
         style = "green" if s["budget"]["fits"] else "bold red"
         console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
@@ -340,6 +399,9 @@ def render_markdown(s: dict) -> str:
              markdown_table(("", "value"), [(f"**{k}**", v) for k, v in headline(s)], {1})]
     if "ort_optimization" in s:
         parts += ["", ort_line(s["ort_optimization"])]
+    if "recompute" in s:
+        parts += ["", recompute_line(s["recompute"]), "",
+                  markdown_table(RECOMPUTE_COLUMNS, recompute_rows(s["recompute"]), {1, 2, 3, 4})]
     if "budget" in s:
         parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
     parts += [f"\n⚠️ {FALLBACK_NOTE}{line}" for line in s["fallbacks"]]

@@ -12,6 +12,8 @@ from roam_cli.graph import Graph
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+# How a plan may recompute a Dropout's output: ONNX Runtime's DropoutGrad on its input and mask.
+DROPOUT_REPLAY = ("com.microsoft", "DropoutGrad")
 PERSISTENT = {"parameter", "optimizer_state", "gradient_buffer", "constant", "data_input"}
 
 
@@ -175,8 +177,9 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
 
 def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
     """Each copy the plan lists is its original's op reading the same tensors or their listed
-    recomputed versions, so it computes the same values; each recomputed tensor is its copy's
-    output in its original's place, produced before every step that reads it."""
+    recomputed versions, so it computes the same values (a Dropout's replay: DropoutGrad on the
+    Dropout's input and mask); each recomputed tensor is its copy's output in its original's
+    place, produced before every step that reads it."""
     nodes = {n.name: n for n in graph.nodes}
     replaces = {t["name"]: t["of"] for t in record["tensors"]}
     copy_of = {}
@@ -185,9 +188,18 @@ def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
         if copy is None or original is None:
             missing = entry["node"] if copy is None else entry["of"]
             raise Violation(f"the plan's recompute record names node {missing!r}, which the model does not have")
-        if (copy.domain, copy.op_type) != (original.domain, original.op_type) or len(copy.inputs) != len(original.inputs):
+        if (copy.domain, copy.op_type) == DROPOUT_REPLAY and (original.domain, original.op_type) == ("", "Dropout") \
+                and len(original.inputs) == 3 and len(original.outputs) == 2:
+            # DropoutGrad(input, mask, ratio, training_mode): the Dropout's output from its own mask
+            expected = (original.inputs[0], original.outputs[1], *original.inputs[1:])
+        elif (copy.domain, copy.op_type) == (original.domain, original.op_type):
+            expected = original.inputs
+        else:
             raise Violation(f"recomputing node {copy.name!r} is not a copy of {original.name!r}")
-        for mine, theirs in zip(copy.inputs, original.inputs):
+        if len(copy.inputs) != len(expected):
+            raise Violation(f"recomputing node {copy.name!r} reads {len(copy.inputs)} tensors, {original.name!r} "
+                            f"{len(expected)}")
+        for mine, theirs in zip(copy.inputs, expected):
             if mine != theirs and replaces.get(mine) != theirs:
                 raise Violation(f"recomputing node {copy.name!r} reads {mine!r} where {original.name!r} reads {theirs!r}")
         copy_of[copy.name] = original

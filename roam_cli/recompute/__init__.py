@@ -2,8 +2,9 @@
 values again where the backward needs them (`roam optimize --recompute free|budget`).
 
 problem.build (graph + memory model -> Problem) -> a solver picks the values to keep (mincut
-for `free`, ilp for `budget`) -> problem.recomputed (the nodes to copy) -> rewrite (the graph and
-model with the copies), which roam then orders and lays out like any other graph."""
+for `free`, ilp for `budget`) -> problem.recomputed (the nodes to copy, the Dropout outputs to
+replay) -> rewrite (the graph and model with them), which roam then orders and lays out like any
+other graph."""
 
 from collections import Counter
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ class Choice:
     problem: Problem
     saved: frozenset[str]  # forward values kept live into the backward
     copied: tuple[int, ...]  # positions in problem.nodes of the nodes recomputed
+    replayed: tuple[str, ...]  # Dropout outputs recomputed from their saved masks
 
     @property
     def kept(self) -> set[str]:
@@ -36,11 +38,13 @@ class Choice:
 
     @property
     def flops(self) -> int:
-        return sum(self.problem.flops[k] for k in self.copied)
+        return (sum(self.problem.flops[k] for k in self.copied)
+                + sum(self.problem.replays[v][1] for v in self.replayed))
 
 
 def chosen(problem: Problem, saved: set[str]) -> Choice:
-    return Choice(problem, frozenset(saved), tuple(problem_mod.recomputed(problem, saved)))
+    copied, replayed = problem_mod.recomputed(problem, saved)
+    return Choice(problem, frozenset(saved), tuple(copied), tuple(replayed))
 
 
 def keep_all(graph: Graph, mm: MemoryModel) -> Choice:
@@ -68,33 +72,38 @@ def within(fewest: Choice, limit: int, deadline: float, solver: str) -> Choice |
 
 
 def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tuple[Imported, dict]:
-    """The model with the chosen copies, and the plan's `recompute` record of them: each copy
-    and its FLOPs, each recomputed tensor, and the bytes no longer kept across the boundary."""
+    """The model with the chosen copies and replays, and the plan's `recompute` record of them:
+    each added node and its FLOPs, each recomputed tensor and the nodes reading it, and the bytes
+    no longer kept across the boundary."""
     p = choice.problem
     graph = imported.graph
-    rewritten, originals, renamed = rewrite_mod.rewrite(imported, set(p.nodes), [p.nodes[k] for k in choice.copied],
-                                                        set(choice.saved))
-    position = {p.nodes[k]: k for k in range(len(p.nodes))}
-    index = graph.node_index()
-    copies = []
+    rewritten, added, renamed = rewrite_mod.rewrite(imported, set(p.nodes), [p.nodes[k] for k in choice.copied],
+                                                    set(choice.saved), set(choice.replayed))
+    position = {i: k for k, i in enumerate(p.nodes)}
+    originals = graph.node_index()
+    index = rewritten.graph.node_index()
+    nodes = []
     flops_by_class: Counter = Counter()
-    for copy, original in sorted(originals.items()):
-        node = graph.nodes[index[original]]
-        flops = p.flops[position[index[original]]]
-        flops_by_class[ops.op_class(node)] += flops
-        copies.append({"node": copy, "of": original, "op_type": node.op_type, "class": ops.op_class(node),
-                       "flops": flops})
-    copy_names = set(originals)
+    for name, original in sorted(added.items()):
+        source = graph.nodes[originals[original]]
+        if rewritten.graph.nodes[index[name]].op_type == source.op_type:
+            kind, cost = ops.op_class(source), p.flops[position[originals[original]]]
+        else:
+            kind, cost = ops.REPLAY_CLASS, p.replays[source.outputs[0]][1]
+        flops_by_class[kind] += cost
+        nodes.append({"node": name, "of": original, "op_type": rewritten.graph.nodes[index[name]].op_type,
+                      "class": kind, "flops": cost})
     tensors = [{"name": new, "of": old, "bytes": mm.tensor_bytes[old],
                 "readers": [rewritten.graph.nodes[u].name for u in rewritten.graph.consumers.get(new, ())
-                            if rewritten.graph.nodes[u].name not in copy_names]}
+                            if rewritten.graph.nodes[u].name not in added]}
                for old, new in sorted(renamed.items())]
     before = keep_all(graph, mm)
-    dropped = before.kept - choice.kept
     bytes_by_class: Counter = Counter()
-    for r in dropped:
-        bytes_by_class[ops.op_class(graph.nodes[graph.producer[r]]) or graph.nodes[graph.producer[r]].op_type] += p.cost[r]
-    record = {"mode": mode, "nodes": copies, "tensors": tensors, "extra_flops": choice.flops,
+    for r in before.kept - choice.kept:
+        producer = graph.nodes[graph.producer[r]]
+        kind = ops.REPLAY_CLASS if r in choice.replayed else ops.op_class(producer) or producer.op_type
+        bytes_by_class[kind] += p.cost[r]
+    record = {"mode": mode, "nodes": nodes, "tensors": tensors, "extra_flops": choice.flops,
               "step_flops": graph_flops(graph),
               "kept_bytes": {"before": before.kept_bytes, "after": choice.kept_bytes},
               "by_class": {c: {"flops": flops_by_class.get(c, 0), "bytes_not_kept": bytes_by_class.get(c, 0)}
@@ -103,15 +112,18 @@ def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tup
 
 
 def reapply(imported: Imported, record: dict) -> Imported:
-    """The source model rewritten as a plan's `recompute` record says: the same copies, under the
-    same names, read by the same nodes, as `apply` made them."""
-    index = imported.graph.node_index()
+    """The source model rewritten as a plan's `recompute` record says: the same copies and
+    replays, under the same names, read by the same nodes, as `apply` made them."""
+    graph = imported.graph
+    index = graph.node_index()
     missing = next((n["of"] for n in record["nodes"] if n["of"] not in index), None)
     if missing is not None:
         raise RoamError(f"the plan recomputes node {missing!r}, which the model does not have")
-    copied = sorted(index[n["of"]] for n in record["nodes"])
+    replays = [n for n in record["nodes"] if n["op_type"] != graph.nodes[index[n["of"]]].op_type]
+    copied = sorted(index[n["of"]] for n in record["nodes"] if n not in replays)
+    replayed = {graph.nodes[index[n["of"]]].outputs[0] for n in replays}
     replaced = {t["of"] for t in record["tensors"]}
-    saved = {o for i in copied for o in imported.graph.nodes[i].outputs if o not in replaced}
+    saved = {o for i in copied for o in graph.nodes[i].outputs if o not in replaced}
     readers = {index[r] for t in record["tensors"] for r in t.get("readers", ()) if r in index}
-    rewritten, _, _ = rewrite_mod.rewrite(imported, set(range(len(imported.graph.nodes))) - readers, copied, saved)
+    rewritten, _, _ = rewrite_mod.rewrite(imported, set(range(len(graph.nodes))) - readers, copied, saved, replayed)
     return rewritten

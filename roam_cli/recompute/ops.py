@@ -49,3 +49,15 @@ def op_class(node: Node) -> str | None:
 
 def copyable(node: Node, mode: str) -> bool:
     return op_class(node) in MODE_CLASSES[mode]
+
+
+REPLAY_CLASS = "dropout replay"  # the report's class of a Dropout output recomputed from its mask
+
+
+def replay_inputs(node: Node) -> tuple[str, ...] | None:
+    """The inputs of the replay of a Dropout's output (DropoutGrad(input, mask, ratio,
+    training_mode), as ONNX Runtime's gradient builder makes it); None for any other node, and for
+    a Dropout without its mask or its ratio and mode inputs, whose replay could differ."""
+    if (node.domain, node.op_type) != ("", "Dropout") or len(node.outputs) != 2 or len(node.inputs) != 3:
+        return None
+    return (node.inputs[0], node.outputs[1], node.inputs[1], node.inputs[2])

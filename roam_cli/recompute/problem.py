@@ -4,7 +4,10 @@ The forward pass (the loss's ancestors) computes values; the nodes after it (bac
 accumulation, optimizer) read some of them (`needed`). A needed value is either kept live from
 the forward into the backward (saved), or recomputed there by a copy of its producer, whose own
 inputs are in turn saved, recomputed, or persistent (`free`: parameters and data inputs are live
-anyway). Solvers choose the saved set; `recomputed()` derives the copies it implies."""
+anyway). A Dropout's output has one more way back: its replay, ONNX Runtime's DropoutGrad
+applied to the Dropout's input with the saved mask (the very kernel the backward uses, which
+computes input x mask x scale as the forward did); the random op itself is never copied.
+Solvers choose the saved set; `recomputed()` derives the copies and replays it implies."""
 
 from dataclasses import dataclass
 
@@ -24,6 +27,7 @@ class Problem:
     base: dict[str, str]  # forward value -> the value owning its storage (itself, or a view's base)
     free: frozenset[str]  # available after the forward at no cost (persistent storage)
     needed: frozenset[str]  # forward values read after the forward
+    replays: dict[str, tuple[tuple[str, ...], int]]  # Dropout output -> (its replay's inputs, FLOPs)
 
     def producer(self) -> dict[str, int]:
         """forward value -> position of its node in `nodes`"""
@@ -46,32 +50,45 @@ def build(graph: Graph, mm: MemoryModel, mode: str) -> Problem:
             cost[v] = None if root != v else 0 if root in to_end else mm.tensor_bytes[v]
             if any(u not in in_forward for u in graph.consumers.get(v, ())):
                 needed.add(v)
+    replays = {}
+    for i in forward:
+        n = graph.nodes[i]
+        inputs = ops.replay_inputs(n)
+        if inputs is not None and n.outputs[0] in cost:
+            replays[n.outputs[0]] = (inputs, flops_mod.elements(graph.values[n.outputs[0]].shape))
     return Problem(tuple(forward), tuple(graph.nodes[i].inputs for i in forward),
                    tuple(graph.nodes[i].outputs for i in forward),
                    tuple(ops.copyable(graph.nodes[i], mode) for i in forward),
                    tuple(flops_mod.node_flops(graph, graph.nodes[i]) for i in forward),
-                   cost, base, free, frozenset(needed))
+                   cost, base, free, frozenset(needed), replays)
 
 
-def recomputed(problem: Problem, saved: set[str]) -> list[int]:
-    """Positions (in problem.nodes) of the nodes to copy so that every needed value is saved,
-    free, or produced by a copy; ascending. Raises ValueError when that needs a node that may
-    not be copied (a solver's bug, never a user's error)."""
+def recomputed(problem: Problem, saved: set[str]) -> tuple[list[int], list[str]]:
+    """What makes every needed value not in `saved` after the forward: positions (in
+    problem.nodes) of the nodes to copy, ascending, and the Dropout outputs to replay, sorted.
+    Raises ValueError when that needs a node that may not be copied (a solver's bug, never a
+    user's error)."""
     producer = problem.producer()
-    chosen: set[int] = set()
+    copied: set[int] = set()
+    replayed: set[str] = set()
     stack = [v for v in problem.needed if v not in saved]
     seen = set(stack)
     while stack:
         v = stack.pop()
-        k = producer[v]
-        if not problem.copyable[k]:
-            raise ValueError(f"value {v!r} is neither saved nor recomputable")
-        chosen.add(k)
-        for x in problem.inputs[k]:
+        if v in problem.replays:
+            replayed.add(v)
+            inputs = problem.replays[v][0]
+        else:
+            k = producer[v]
+            if not problem.copyable[k]:
+                raise ValueError(f"value {v!r} is neither saved nor recomputable")
+            copied.add(k)
+            inputs = problem.inputs[k]
+        for x in inputs:
             if x in producer and x not in saved and x not in problem.free and x not in seen:
                 seen.add(x)
                 stack.append(x)
-    return sorted(chosen)
+    return sorted(copied), sorted(replayed)
 
 
 def kept_storages(problem: Problem, saved: set[str]) -> set[str]:
