@@ -106,7 +106,14 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
     stats.recompute both plans' figures. The time limit is shared by every plan made."""
     start = time.perf_counter()
     deadline = start + (options.time_limit if options.time_limit is not None else order.DEFAULT_SECONDS * 4)
-    share = lambda parts: replace(options, time_limit=max(deadline - time.perf_counter(), 1.0) / parts)  # noqa: E731
+
+    def share(parts: int) -> Options:
+        """A plan's options: `parts` of the time left of --time-limit; without one, each plan has
+        the default a plan alone has"""
+        if options.time_limit is None:
+            return options
+        return replace(options, time_limit=max(deadline - time.perf_counter(), 1.0) / parts)
+
     say("planning the model as it is")
     kept = plan_model(imported, mm, model_path, plan_path, share(2), dict(seconds), say)
     if options.recompute == "free":
