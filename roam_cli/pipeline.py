@@ -144,8 +144,9 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     """The plan of the fewest recomputed FLOPs that fits options.budget. The bytes kept across
     the forward/backward boundary are what recomputation changes; the rest of a plan's needs
     (persistent bytes, the backward's own tensors) are estimated from the last plan made, and
-    the boundary's limit lowered by each plan's excess until one fits. CheckFailed (exit 1)
-    when even the fewest bytes any recompute can keep does not fit, with the size it needs."""
+    the boundary's limit lowered by each plan's excess until one fits, or until it is the fewest
+    bytes any recompute can keep; then `free`'s choice is planned too. CheckFailed (exit 1) when
+    no plan made fits, with the size the smallest needs."""
     budget = options.budget
     if needed_bytes(kept.plan) <= budget:
         say("the plan fits the budget without recomputing")
@@ -155,19 +156,28 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         return result
     fewest = recompute.fewest_bytes(imported.graph, mm)
     limit = budget - (needed_bytes(kept.plan) - recompute.keep_all(imported.graph, mm).kept_bytes)
+    tried = []
     for _ in range(BUDGET_ROUNDS):
         limit = max(limit, fewest.kept_bytes)
         say(f"choosing what to recompute to keep at most {limit} bytes")
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
                                    max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
-        result = plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say)
-        result.plan["recompute"]["budget_bytes"] = budget
-        excess = needed_bytes(result.plan) - budget
-        if excess <= 0:
-            return result
-        if limit == fewest.kept_bytes:
+        tried.append(plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say))
+        excess = needed_bytes(tried[-1].plan) - budget
+        if excess <= 0 or limit == fewest.kept_bytes:
             break
         limit -= excess
+    if needed_bytes(tried[-1].plan) > budget:
+        # keeping the fewest bytes is not always the smallest plan (a recomputed product's
+        # backward can outgrow it); the cheap ops' choice is one more candidate
+        say("planning the min-cut of the cheap ops")
+        tried.append(plan_choice(imported, mm, recompute.free(imported.graph, mm), model_path, plan_path,
+                                 share(1), seconds, say))
+    result = min(tried, key=lambda r: (needed_bytes(r.plan) > budget, r.plan["recompute"]["extra_flops"]
+                                       if needed_bytes(r.plan) <= budget else needed_bytes(r.plan)))
+    result.plan["recompute"]["budget_bytes"] = budget
+    if needed_bytes(result.plan) <= budget:
+        return result
     raise CheckFailed(f"--budget {budget} bytes cannot be met: the smallest plan roam found, recomputing "
                       f"{len(result.plan['recompute']['nodes'])} nodes, needs {needed_bytes(result.plan)} bytes "
                       f"(persistent {result.plan['persistent_bytes']} + arena {result.plan['arena_bytes']})")
