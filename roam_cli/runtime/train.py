@@ -56,6 +56,10 @@ class PlannedSession:
     ordered: the plan's order (PRIORITY_BASED), else ORT's default order for the file's nodes.
     recomputing: False runs the graph without the plan's recomputing copies (`recompute`): the
     graph as it was, which `compare` checks the planned run against.
+    in_place: each `<state>.out` is written into its state's buffer (the plan's contract, safe in
+    the plan's order). False gives the outputs buffers of their own, the state taking them after
+    the step: ONNX's own meaning, the reference `compare` needs, because ORT's default order does
+    not know a state must be read before its update overwrites it.
     allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
     recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
     exactly what is asked (CPU: registered process-wide, as ORT allows). ORT's arena bytes come
@@ -64,11 +68,12 @@ class PlannedSession:
 
     def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
                  ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None,
-                 recomputing: bool = True):
+                 recomputing: bool = True, in_place: bool = True):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
         self.device = device
+        self.in_place = in_place
         with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
             if pair.member(plan, imported.sha256) is None:
                 raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
@@ -163,7 +168,7 @@ class PlannedSession:
                 binding.bind_ortvalue_input(name, value)
         returned = [name for name in self.output_names if name not in self.inplace]
         for name in self.output_names:
-            if name in self.inplace:
+            if name in self.inplace and self.in_place:
                 binding.bind_ortvalue_output(name, self.state[self.inplace[name]])
             else:
                 binding.bind_output(name, self.device)
@@ -175,6 +180,10 @@ class PlannedSession:
                 raise RoamError(f"ONNX Runtime could not run step {self.steps}: {first_line(e)}") from None
             values = binding.get_outputs()
             outputs = {name: values[self.output_names.index(name)].numpy().copy() for name in returned}
+            if not self.in_place:
+                self.state.update({state: ort.OrtValue.ortvalue_from_numpy(
+                    values[self.output_names.index(name)].numpy().copy(), self.device, 0)
+                    for name, state in self.inplace.items()})
             # ORT's outputs go back to the allocator inside the step: the next step may reuse their place
             del values
             binding.clear_binding_outputs()
@@ -317,11 +326,12 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
 
 
 def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed) -> dict:
-    """The same steps on a plain session of the same file: ORT's default order and arena, and the
-    graph without the plan's recomputing copies, which is what the plan changes. The largest difference in the returned outputs per step and in the final state,
+    """The same steps on a plain session of the same file: ORT's default order and arena, the graph
+    without the plan's recomputing copies, and new state in buffers of its own (`in_place=False`):
+    the ONNX meaning of the step, which the plan must not change. The largest difference in the returned outputs per step and in the final state,
     each relative to the reference's largest magnitude (`execute.difference`)."""
     plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False,
-                           recomputing=False)
+                           recomputing=False, in_place=False)
     plain.set_state(start)
     per_step, seconds = [], []
     for r in rows:
