@@ -17,7 +17,7 @@ import onnxruntime as ort
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto
 
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
@@ -59,17 +59,21 @@ def test_node_flops_by_hand(tmp_path):
         node("Relu", ["mm"], ["relu"]),  # 21 output elements
         node("Add", ["mm", "row"], ["add"]),  # broadcast: one per output element, 21
         node("Reshape", ["mm", "shape"], ["flat"]),  # a view: nothing
+        node("MatMul", ["A", "vec"], ["mv"]),  # [3,5] x [5] -> [3]: K = 5, 2*3*5
+        node("MatMul", ["A3", "vec"], ["bmv"]),  # [2,3,5] x [5] -> [2,3]: 2*6*5
+        node("MatMul", ["u", "A"], ["vm"]),  # [3] x [3,5] -> [5]: K = 3, 2*5*3
     ]
     m = model(nodes, [("A", [3, 5]), ("At", [5, 3]), ("Bm", [5, 7]), ("img", [1, 4, 8, 8]), ("w", [6, 2, 3, 3]),
-                      ("row", [7])],
-              [("gemm", [3, 7]), ("conv", [1, 6, 8, 8]), ("relu", [3, 7]), ("add", [3, 7]), ("flat", [21])],
+                      ("row", [7]), ("vec", [5]), ("A3", [2, 3, 5]), ("u", [3])],
+              [("gemm", [3, 7]), ("conv", [1, 6, 8, 8]), ("relu", [3, 7]), ("add", [3, 7]), ("flat", [21]),
+               ("mv", [3]), ("bmv", [2, 3]), ("vm", [5])],
               initializers=[const("shape", [21], np.int64)])
     imported, _ = load(tmp_path, m)
     g = imported.graph
     by_name = {n.name: flops.node_flops(g, n) for n in g.nodes}
     assert by_name == {"mm_node": 2 * 3 * 7 * 5, "gemm_node": 2 * 3 * 7 * 5,
                        "conv_node": 2 * (6 * 8 * 8) * (4 // 2 * 3 * 3), "relu_node": 21, "add_node": 21,
-                       "flat_node": 0}
+                       "flat_node": 0, "mv_node": 2 * 3 * 5, "bmv_node": 2 * 6 * 5, "vm_node": 2 * 5 * 3}
     assert flops.graph_flops(g) == sum(by_name.values())
 
 
@@ -94,7 +98,8 @@ def test_a_big_elementwise_function_of_a_parameter_is_recomputed_and_nothing_kep
 def matmul_relu(backward_reads):
     """a = X @ W ([16,64] x [64,64] -> [16,64], 1,024 floats), b = Relu(a), loss = sum(b); the
     backward multiplies the values it reads."""
-    fwd = [node("MatMul", ["X", "W"], ["a"]), node("Relu", ["a"], ["b"]), node("ReduceSum", ["b"], ["loss"], keepdims=0)]
+    fwd = [node("MatMul", ["X", "W"], ["a"]), node("Relu", ["a"], ["b"]),
+           node("ReduceSum", ["b"], ["loss"], keepdims=0)]
     bwd = [node("Mul", [backward_reads[0], backward_reads[-1]], ["g"])]
     return model(fwd + bwd, [("X", [16, 64]), ("W", [64, 64])], [("loss", []), ("g", [16, 64])])
 
@@ -469,8 +474,8 @@ def ort_outputs(m: onnx.ModelProto, feeds: dict) -> dict:
     return dict(zip(names, session.run(names, feeds)))
 
 
-@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-          print_blob=True)
+@settings(max_examples=30, deadline=None, print_blob=True,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(m=training_like(), mode=st.sampled_from(["free", "budget"]), seed=st.integers(0, 2**16))
 def test_the_rewritten_model_computes_the_same_outputs_in_ort(tmp_path, m, mode, seed):
     imported, mm = load(tmp_path, m)
