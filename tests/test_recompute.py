@@ -24,7 +24,7 @@ from onnx_builder import model, node, save
 from roam_cli import memory, recompute
 from roam_cli import plan as plan_io
 from roam_cli.onnx_import import import_model
-from roam_cli.recompute import flops, ops
+from roam_cli.recompute import flops, ops, rewrite
 from roam_cli.verify import Violation, check_recompute
 
 N = 1024  # floats: 4,096 bytes, a multiple of the alignment
@@ -403,7 +403,7 @@ UNARY = ("Relu", "Sigmoid", "Tanh", "Neg", "Abs")
 @st.composite
 def training_like(draw):
     """A forward of ORT-runnable ops over [R, C] float tensors (MatMul, Transpose, elementwise,
-    Concat, Reshape, Cast) ending in a scalar loss, and a backward-ish tail that reads forward
+    Concat, Reshape, Cast, Split) ending in a scalar loss, and a backward-ish tail that reads forward
     values and the loss."""
     r, c = draw(st.sampled_from([(2, 2), (3, 3), (4, 4)]))
     nodes, inits = [], {}
@@ -417,7 +417,8 @@ def training_like(draw):
         return f"v{count}"
 
     for _ in range(draw(st.integers(2, 10))):
-        op = draw(st.sampled_from(("unary", "Add", "Mul", "MatMul", "Transpose", "Concat", "Reshape", "Cast")))
+        op = draw(st.sampled_from(("unary", "Add", "Mul", "MatMul", "Transpose", "Concat", "Reshape", "Cast",
+                                   "Split")))
         x = draw(st.sampled_from(pool))
         same = [t for t in pool if shapes[t] == shapes[x]]
         out = fresh()
@@ -444,6 +445,15 @@ def training_like(draw):
             inits[shape_name] = np.array(shapes[x][::-1], dtype=np.int64)
             nodes.append(node("Reshape", [x, shape_name], [out]))
             shapes[out] = shapes[x][::-1]
+        elif op == "Split":  # two outputs: a copy may be needed for one while the other is kept
+            if shapes[x][0] < 2:
+                continue
+            sizes = f"sizes{count}"
+            inits[sizes] = np.array([1, shapes[x][0] - 1], dtype=np.int64)
+            other = fresh()
+            nodes.append(node("Split", [x, sizes], [out, other], axis=0))
+            shapes[out], shapes[other] = (1, shapes[x][1]), (shapes[x][0] - 1, shapes[x][1])
+            pool.append(other)
         else:  # a round trip through double: the same float values
             wide = fresh()
             nodes.append(node("Cast", [x], [wide], to=TensorProto.DOUBLE))
@@ -484,6 +494,14 @@ def test_the_rewritten_model_computes_the_same_outputs_in_ort(tmp_path, m, mode,
     assert len(record["nodes"]) == len(choice.copied)
     onnx.checker.check_model(rewritten.model)
     assert sum(1 for _ in rewritten.model.graph.node) == len(m.graph.node) + len(choice.copied)
+    # the source model rewritten again from the plan's record (pair.planned_graph) is the same graph
+    again = recompute.reapply(imported, record)
+    assert again.graph.nodes == rewritten.graph.nodes
+    assert [n.SerializeToString() for n in again.model.graph.node] == \
+        [n.SerializeToString() for n in rewritten.model.graph.node]
+    # and without the copies (train --compare's reference) it is the source graph again
+    undone = rewrite.undo(rewritten.model, record)
+    assert [n.SerializeToString() for n in undone.graph.node] == [n.SerializeToString() for n in m.graph.node]
     rng = np.random.default_rng(seed)
     feeds = {x.name: rng.standard_normal([d.dim_value for d in x.type.tensor_type.shape.dim]).astype(np.float32) * 0.5
              for x in m.graph.input}
