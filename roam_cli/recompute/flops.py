@@ -19,11 +19,16 @@ def elements(shape: tuple[int, ...]) -> int:
     return count
 
 
-def inner_dim(a: tuple[int, ...], out: tuple[int, ...]) -> int:
-    """K of a product whose first operand has shape `a`, stored as [.., M, K] or, transposed,
-    [.., K, M] (the IR keeps no attributes): whichever of a's last two dimensions is not M."""
+def inner_dim(op_type: str, a: tuple[int, ...], b: tuple[int, ...], out: tuple[int, ...]) -> int:
+    """K of a product of operands shaped `a` and `b`. A vector operand is K long, and MatMul
+    never transposes: a is [.., M, K]. Other products may store a transposed, [.., K, M] (the
+    IR keeps no attributes): whichever of a's last two dimensions is not M."""
     if len(a) == 1:
         return a[0]
+    if len(b) == 1:  # [.., M, K] x [K]: the output has no N, and its last dimension is M
+        return b[0]
+    if op_type == "MatMul":
+        return a[-1]
     m = out[-2] if len(out) >= 2 else 1
     return a[-1] if a[-2] == m else a[-2]
 
@@ -34,7 +39,7 @@ def node_flops(graph: Graph, node: Node) -> int:
     shape = lambda name: graph.values[name].shape  # noqa: E731
     out = shape(node.outputs[0]) if node.outputs else ()
     if node.op_type in PRODUCTS and len(node.inputs) >= 2:
-        return 2 * elements(out) * inner_dim(shape(node.inputs[0]), out)
+        return 2 * elements(out) * inner_dim(node.op_type, shape(node.inputs[0]), shape(node.inputs[1]), out)
     if node.op_type in CONVOLUTIONS and len(node.inputs) >= 2:
         # weights [C_out, C_in/group, k..] (ConvTranspose: [C_in, C_out/group, k..]): each output
         # (ConvTranspose: each input) element meets the rest of one slice
