@@ -172,6 +172,7 @@ def render(graphs: list[tuple[str, str, Path]], results: dict, end_to_end: list,
             lines.append(f"| {graph} | `{command}` | {wall:.1f} | {code} | {rss:.1f} GiB |")
         lines.append("")
     lines += running_the_plan()
+    lines += recomputation()
     return "\n".join(lines)
 
 
@@ -188,6 +189,19 @@ def running_the_plan() -> list[str]:
     for t in found:
         lines += [t.read_text().rstrip(), ""]
     return lines
+
+
+def recomputation() -> list[str]:
+    """The latest table of benchmarks/recompute.py (its own run: it needs PyTorch's figures, from
+    benchmarks/pytorch_memory.py)."""
+    table = ROOT / "benchmarks" / "results" / "recompute.md"
+    if not table.is_file():
+        return []
+    return ["## Recomputation against PyTorch", "",
+            "`--recompute off | free | budget` (`docs/recompute.md`) against PyTorch eager and with whole-layer "
+            "checkpointing, measured by PyTorch's own MemTracker (`python benchmarks/pytorch_memory.py`, "
+            "`benchmarks/results/pytorch_memory.md`), from `python benchmarks/recompute.py` "
+            f"(`{table.relative_to(ROOT)}`):", "", table.read_text().rstrip(), ""]
 
 
 def main(argv=None) -> int:
