@@ -222,20 +222,43 @@ def dropout_graph():
 
 
 @pytest.mark.parametrize("mode", ["free", "budget"])
-def test_dropout_is_never_recomputed_and_its_outputs_stay_saved(tmp_path, mode):
+def test_dropout_is_never_recomputed_its_mask_is_kept_and_its_output_replayed(tmp_path, mode):
     imported, mm = load(tmp_path, dropout_graph())
     dropout = next(n for n in imported.graph.nodes if n.op_type == "Dropout")
     assert not ops.copyable(dropout, mode) and ops.op_class(dropout) is None
     choice = (recompute.free if mode == "free" else recompute.fewest_bytes)(imported.graph, mm)
     assert choice.problem.needed == {"h", "d", "mask", "r"}
     assert dropout.name not in copied_names(imported, choice)
-    # d and mask can only be kept; h (Exp of a parameter) and r (Relu of the kept d) are copied
-    assert choice.kept == {"d", "mask"}
+    # only the mask must be kept: h (Exp of a parameter) and r (Relu of d) are copied, and d is
+    # replayed from the recomputed h and the mask (DropoutGrad), N FLOPs
+    assert choice.kept == {"mask"}
+    assert choice.kept_bytes == N  # N bools
     assert sorted(copied_names(imported, choice)) == ["h_node", "r_node"]
-    assert choice.kept_bytes == B + N  # d: N floats; mask: N bools
+    assert choice.replayed == ("d",)
+    assert choice.flops == 3 * N
     rewritten, record = recompute.apply(imported, mm, choice, mode)
-    assert "Dropout" not in {n["op_type"] for n in record["nodes"]}
+    assert {n["op_type"] for n in record["nodes"]} == {"Exp", "Relu", "DropoutGrad"}
+    replay = next(n for n in record["nodes"] if n["op_type"] == "DropoutGrad")
+    assert (replay["of"], replay["class"], replay["flops"]) == (dropout.name, "dropout replay", N)
     assert sum(n.op_type == "Dropout" for n in rewritten.graph.nodes) == 1
+    node = rewritten.graph.nodes[rewritten.graph.node_index()[replay["node"]]]
+    assert node.inputs == ("h/recompute", "mask", "ratio", "training")
+
+
+def test_a_replayed_dropout_output_is_the_forward_s_bit_for_bit(tmp_path):
+    """ORT's DropoutGrad on the input and the mask computes what the Dropout computed: the
+    rewritten graph's outputs equal the original's exactly (the Dropout seeded, so that both
+    sessions draw the same mask)."""
+    m = dropout_graph()
+    next(n for n in m.graph.node if n.op_type == "Dropout").attribute.append(onnx.helper.make_attribute("seed", 7))
+    imported, mm = load(tmp_path, m)
+    choice = recompute.free(imported.graph, mm)
+    assert choice.replayed == ("d",)
+    rewritten, _ = recompute.apply(imported, mm, choice, "free")
+    feeds = {"W": np.random.default_rng(0).standard_normal(N).astype(np.float32)}
+    before, after = ort_outputs(imported.model, feeds), ort_outputs(rewritten.model, feeds)
+    for name in before:
+        np.testing.assert_array_equal(before[name], after[name])
 
 
 # --- the CLI end to end ------------------------------------------------------------------------
