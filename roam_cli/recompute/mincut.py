@@ -10,7 +10,7 @@ that can be replayed has a vertex of its own for the replay (cut from the source
 reading the Dropout's input and mask) instead of the edge from the Dropout, which is never
 copied."""
 
-from roam_cli.recompute.maxflow import INF, min_cut
+from roam_cli.maxflow import INF, Network
 from roam_cli.recompute.problem import Problem
 
 SOURCE, SINK = 0, 1
@@ -19,28 +19,30 @@ SOURCE, SINK = 0, 1
 def solve(problem: Problem) -> set[str]:
     """The saved values of a minimum cut."""
     per_byte = sum(problem.flops) + sum(f for _, f in problem.replays.values()) + 1
-    vertex_of_node = [2 + k for k in range(len(problem.nodes))]
-    value_in: dict[str, int] = {}
-    count = 2 + len(problem.nodes)
-    for v in problem.cost:
-        value_in[v] = count  # its out vertex is count + 1
-        count += 2
-    edges = []
+    nodes = len(problem.nodes)
+    value_in = {v: 2 + nodes + 2 * k for k, v in enumerate(problem.cost)}  # its out vertex: one more
+    replay_vertex = {v: 2 + nodes + 2 * len(value_in) + k for k, v in enumerate(problem.replays)}
+    net = Network(2 + nodes + 2 * len(value_in) + len(replay_vertex))
     for k, (ins, outs) in enumerate(zip(problem.inputs, problem.outputs)):
-        node = vertex_of_node[k]
-        edges.append((SOURCE, node, problem.flops[k] if problem.copyable[k] else INF))
-        edges.extend((value_in[x] + 1, node, INF) for x in ins if x in value_in)
-        edges.extend((node, value_in[v], INF) for v in outs if v in value_in and v not in problem.replays)
+        node = 2 + k
+        net.add(SOURCE, node, problem.flops[k] if problem.copyable[k] else INF)
+        for x in ins:
+            if x in value_in:
+                net.add(value_in[x] + 1, node, INF)
+        for v in outs:
+            if v in value_in and v not in problem.replays:
+                net.add(node, value_in[v], INF)
     for v, (ins, flops) in problem.replays.items():
-        replay = count
-        count += 1
-        edges.append((SOURCE, replay, flops))
-        edges.extend((value_in[x] + 1, replay, INF) for x in ins if x in value_in)
-        edges.append((replay, value_in[v], INF))
+        net.add(SOURCE, replay_vertex[v], flops)
+        for x in ins:
+            if x in value_in:
+                net.add(value_in[x] + 1, replay_vertex[v], INF)
+        net.add(replay_vertex[v], value_in[v], INF)
     for v, vin in value_in.items():
         cost = problem.cost[v]
-        edges.append((vin, vin + 1, INF if cost is None else cost * per_byte))
+        net.add(vin, vin + 1, INF if cost is None else cost * per_byte)
         if v in problem.needed:
-            edges.append((vin + 1, SINK, INF))
-    source_side = min_cut(count, edges, SOURCE, SINK)
-    return {v for v, vin in value_in.items() if vin in source_side and vin + 1 not in source_side}
+            net.add(vin + 1, SINK, INF)
+    net.max_flow(SOURCE, SINK)  # finite: keeping every needed value is a cut
+    source_side = net.reachable(SOURCE)
+    return {v for v, vin in value_in.items() if source_side[vin] and not source_side[vin + 1]}
