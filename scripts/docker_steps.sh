@@ -31,6 +31,10 @@ roam -q export "$work/plan.json" --perfetto "$work/trace.json" --memory-snapshot
 roam -q make-training-graph "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/step.onnx" --in-graph-optimizer
 roam -q optimize "$work/step.onnx" -o "$work/step_plan.json"
 roam -q train "$work/step.onnx" --plan "$work/step_plan.json" --steps 3 --compare
+# the same step recomputing cheap values: the annotated model carries the copies, the maths must not change
+roam -q optimize "$work/step.onnx" -o "$work/step_rc.json" --recompute free --time-limit 10
+roam -q verify "$work/step.onnx" "$work/step_rc.json"
+roam -q train "$work/step_rc.annotated.onnx" --plan "$work/step_rc.json" --steps 3 --compare
 for f in plan.md live_memory.png layout.svg trace.json snapshot.pickle; do
     test -s "$work/$f" || { echo "docker_steps: $f was not written" >&2; exit 1; }
 done
