@@ -12,15 +12,12 @@ from pathlib import Path
 from roam_cli import pipeline
 from roam_cli.errors import RoamError
 from roam_cli.onnx_import import load_model
+from roam_cli.plan import needed_bytes
 
 # what max-batch reports of the plan at its answer
 FIGURES = ("persistent_bytes", "peak_live_bytes", "arena_bytes")
 # Doubling stops here: memory that still fits at this batch hardly depends on the dimension.
 LIMIT = 2**30
-
-
-def needed_bytes(plan: dict) -> int:
-    return plan["persistent_bytes"] + plan["arena_bytes"]
 
 
 def check(plan: dict, budget: int) -> dict:

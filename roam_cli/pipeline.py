@@ -148,14 +148,13 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     bytes any recompute can keep; then `free`'s choice is planned too. CheckFailed (exit 1) when
     no plan made fits, with the size the smallest needs."""
     budget = options.budget
-    if needed_bytes(kept.plan) <= budget:
+    as_it_is = recompute.keep_all(imported.graph, mm)
+    if plan_io.needed_bytes(kept.plan) <= budget:
         say("the plan fits the budget without recomputing")
-        result = plan_choice(imported, mm, recompute.keep_all(imported.graph, mm), model_path, plan_path,
-                             share(1), seconds, say)
-        result.plan["recompute"]["budget_bytes"] = budget
-        return result
+        kept.plan["recompute"] = recompute.apply(imported, mm, as_it_is, options.recompute)[1] | {"budget_bytes": budget}
+        return kept
     fewest = recompute.fewest_bytes(imported.graph, mm)
-    limit = budget - (needed_bytes(kept.plan) - recompute.keep_all(imported.graph, mm).kept_bytes)
+    limit = budget - (plan_io.needed_bytes(kept.plan) - as_it_is.kept_bytes)
     tried = []
     for _ in range(BUDGET_ROUNDS):
         limit = max(limit, fewest.kept_bytes)
@@ -163,32 +162,28 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
                                    max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
         tried.append(plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say))
-        excess = needed_bytes(tried[-1].plan) - budget
+        excess = plan_io.needed_bytes(tried[-1].plan) - budget
         if excess <= 0 or limit == fewest.kept_bytes:
             break
         limit -= excess
-    if needed_bytes(tried[-1].plan) > budget:
+    if plan_io.needed_bytes(tried[-1].plan) > budget:
         # keeping the fewest bytes is not always the smallest plan (a recomputed product's
         # backward can outgrow it); the cheap ops' choice is one more candidate
         say("planning the min-cut of the cheap ops")
         tried.append(plan_choice(imported, mm, recompute.free(imported.graph, mm), model_path, plan_path,
                                  share(1), seconds, say))
-    result = min(tried, key=lambda r: (needed_bytes(r.plan) > budget, r.plan["recompute"]["extra_flops"]
-                                       if needed_bytes(r.plan) <= budget else needed_bytes(r.plan)))
+    result = min(tried, key=lambda r: (plan_io.needed_bytes(r.plan) > budget, r.plan["recompute"]["extra_flops"]
+                                       if plan_io.needed_bytes(r.plan) <= budget else plan_io.needed_bytes(r.plan)))
     result.plan["recompute"]["budget_bytes"] = budget
-    if needed_bytes(result.plan) <= budget:
+    if plan_io.needed_bytes(result.plan) <= budget:
         return result
     raise CheckFailed(f"--budget {budget} bytes cannot be met: the smallest plan roam found, recomputing "
-                      f"{len(result.plan['recompute']['nodes'])} nodes, needs {needed_bytes(result.plan)} bytes "
+                      f"{len(result.plan['recompute']['nodes'])} nodes, needs {plan_io.needed_bytes(result.plan)} bytes "
                       f"(persistent {result.plan['persistent_bytes']} + arena {result.plan['arena_bytes']})")
 
 
 BUDGET_ROUNDS = 6  # plans made to meet a budget before giving up on it
 BUDGET_ILP_SHARE = 0.2  # of the time left, what one recompute ILP may take
-
-
-def needed_bytes(plan: dict) -> int:
-    return plan["persistent_bytes"] + plan["arena_bytes"]
 
 
 def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, plan_path: Path, options: Options,

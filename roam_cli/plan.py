@@ -78,6 +78,11 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
     }
 
 
+def needed_bytes(plan: dict) -> int:
+    """What a runtime following the plan allocates: its persistent bytes plus its arena."""
+    return plan["persistent_bytes"] + plan["arena_bytes"]
+
+
 def file_ref(path: Path, sha256: str, plan_path: Path) -> dict:
     """{path, sha256} of a model file, its path relative to the plan's folder."""
     try:
