@@ -67,7 +67,7 @@ def fewest_bytes(graph: Graph, mm: MemoryModel) -> Choice:
 def within(fewest: Choice, limit: int, deadline: float, solver: str) -> Choice | None:
     """The fewest FLOPs that keep at most `limit` bytes (limit >= fewest.kept_bytes, whose choice
     starts the solver); None when the solver found nothing in time."""
-    saved, _ = ilp.solve(fewest.problem, limit, deadline, solver, set(fewest.saved))
+    saved = ilp.solve(fewest.problem, limit, deadline, solver, set(fewest.saved))
     return None if saved is None else chosen(fewest.problem, saved)
 
 

@@ -13,9 +13,9 @@ from roam_cli import milp
 from roam_cli.recompute.problem import Problem, recomputed
 
 
-def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set[str]) -> tuple[set[str] | None, str]:
-    """(saved values, solver status); None when no choice fits `limit` or the solver found none.
-    `start` is a saved set that fits (the warm start), or empty."""
+def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set[str]) -> set[str] | None:
+    """The saved values; None when the solver found none by the deadline. `start` is a saved
+    set that fits `limit` (the warm start), or empty."""
     producer = problem.producer()
     lp = pulp.LpProblem("recompute", pulp.LpMinimize)
     save = {v: pulp.LpVariable(f"s{i}", cat=pulp.LpBinary)
@@ -40,14 +40,15 @@ def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set
     lp += pulp.lpSum(problem.cost[v] * x for v, x in save.items()) <= limit
     if start:
         copied, replayed = recomputed(problem, start)
+        copied = set(copied)
         for v, x in save.items():
             x.setInitialValue(1 if v in start else 0)
         for k, x in copy.items():
-            x.setInitialValue(1 if k in set(copied) else 0)
+            x.setInitialValue(1 if k in copied else 0)
         for v, x in replay.items():
             x.setInitialValue(1 if v in replayed else 0)
     status = milp.solve(lp, solver, deadline, warm=bool(start))
     if status not in milp.FOUND:
-        return None, status
-    return {v for v, x in save.items() if x.value() is not None and x.value() > 0.5}, status
+        return None
+    return {v for v, x in save.items() if x.value() is not None and x.value() > 0.5}
 
