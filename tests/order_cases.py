@@ -11,6 +11,7 @@ from onnx import TensorProto
 
 from roam_cli import memory
 from roam_cli.graph import Graph, Node, Value
+from roam_cli.order.problem import Buffer, Problem
 
 F, B = TensorProto.FLOAT, TensorProto.BOOL
 
@@ -124,3 +125,16 @@ def cases(count: int, seed: int, max_orders: int = 3000, max_nodes: int = 10):
         if count_orders(list(mm.preds), max_orders) <= max_orders:
             out.append((graph, mm))
     return out
+
+
+def random_problem(rng: random.Random, n: int) -> Problem:
+    """A random problem in the general form the rules and segments produce: buffers with several
+    allocators, none (entered live), readers that may run before the allocator (a reader handed to
+    an unrelated predecessor by the `after` rule), dead buffers and buffers living to the end."""
+    preds = tuple(tuple(sorted(set(rng.sample(range(v), min(v, rng.choice([0, 1, 1, 2])))))) for v in range(n))
+    buffers = []
+    for _ in range(rng.randint(1, 2 * n)):
+        alloc = rng.choice([(), (rng.randrange(n),), (rng.randrange(n),), tuple(sorted({rng.randrange(n) for _ in "ab"}))])
+        readers = tuple(sorted({rng.randrange(n) for _ in range(rng.randint(0 if len(alloc) == 1 else 1, 3))}))
+        buffers.append(Buffer(rng.choice([1, 2, 3, 5, 8, 13, 100]), alloc, readers, rng.random() < 0.1))
+    return Problem(preds, tuple(buffers), rng.choice([0, 7]))

@@ -5,7 +5,7 @@ import random
 
 import pytest
 
-from order_cases import brute_force, cases, topological_orders
+from order_cases import brute_force, cases, count_orders, random_problem, topological_orders
 from roam_cli import memory, milp, order
 from roam_cli.order import bounds, ideals, ilp
 from roam_cli.order.problem import (Buffer, Problem, from_memory_model, is_topological, kahn, peak, positions, profile,
@@ -45,6 +45,49 @@ def test_down_set_search_is_exact_and_proves_it():
         found = ideals.solve(problem, kahn(problem), max_states=10**6, deadline=float("inf"))
         assert found.optimal and found.peak == best == peak(problem, found.order)
         assert is_topological(problem, found.order)
+
+
+def test_down_set_search_is_exact_on_the_general_form():
+    # several allocators, entered live, readers before the allocator, dead and to-the-end buffers:
+    # what the rules and the segments hand the search
+    rng = random.Random(11)
+    tested = 0
+    while tested < 400:
+        problem = random_problem(rng, rng.randint(2, 9))
+        if count_orders(list(problem.preds), 3000) > 3000:
+            continue
+        best = min(peak(problem, o) for o in topological_orders(list(problem.preds)))
+        found = ideals.solve(problem, kahn(problem), max_states=10**6, deadline=float("inf"))
+        assert found.optimal and found.peak == best == peak(problem, found.order), problem
+        tested += 1
+
+
+def test_a_reader_that_runs_before_the_allocator_allocates_nothing():
+    # node 0 reads the 5 bytes node 1 allocates; 0 first: steps 20 (its own 20) and 15 (5 + a dead
+    # 10); 1 first: 15, then 5 + 20 = 25. The optimum runs 0 first.
+    problem = Problem(((), ()), (Buffer(5, (1,), (0, 1)), Buffer(10, (1,), ()), Buffer(20, (0,), (0,))))
+    found = ideals.solve(problem, [1, 0], max_states=100, deadline=float("inf"))
+    assert found.optimal and found.order == [0, 1] and found.peak == 20
+
+
+def test_an_update_chain_that_fits_runs_as_one_block():
+    # node 0 allocates three gradients of 100; chain i: x reads its gradient and allocates a
+    # temporary of 150, y reads the temporary. Every x first: 300 + 150, 350 + 150, 400 + 150 = 550.
+    # The whole step ends at 0, its lowest point, so under 549 the search takes it as one move,
+    # in the order that leaves the least live each time (x1 y1 x2 y2 x3 y3: 450). Under 449 no
+    # x fits after node 0: two down-sets visited in all, where the chains have 2^3 interleavings.
+    preds: list[tuple[int, ...]] = [()]
+    buffers = []
+    for i in range(3):
+        x, y = 1 + 2 * i, 2 + 2 * i
+        preds += [(0,), (x,)]
+        buffers += [Buffer(100, (0,), (x,)), Buffer(150, (x,), (y,))]
+    problem = Problem(tuple(preds), tuple(buffers))
+    every_x_first = [0, 1, 3, 5, 2, 4, 6]
+    assert peak(problem, every_x_first) == 550
+    found = ideals.solve(problem, every_x_first, max_states=100, deadline=float("inf"))
+    assert found.optimal and found.order == [0, 1, 2, 3, 4, 5, 6] and found.peak == 450
+    assert found.states == 2
 
 
 @pytest.mark.parametrize("solver", milp.SOLVERS)

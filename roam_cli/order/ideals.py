@@ -5,12 +5,24 @@ the precedence order), and so do the live bytes of the step that runs node v nex
 a path from the empty set to the full set; its peak is the largest step on the path. "Is there
 an order with peak <= T?" is therefore plain reachability over down-sets, each visited once.
 `solve()` lowers T below the incumbent until that search fails, which proves the incumbent
-optimal, or until its budget of visited sets or time runs out."""
+optimal, or until its budget of visited sets or time runs out.
+
+**Forced blocks.** From a down-set D, let S be a sequence of nodes that can run next, each step
+at most T, such that the live bytes after D + S are the least of any D + I with I a down-set of
+S (S "ends at its lowest point"). If some order from D stays under T, so does S followed by that
+order without S: a node w of it now runs with the nodes R of S that came after w already run,
+and the live bytes at its step change by at most live(D + S) - live(D + S - R) <= 0 (R is an
+up-set of S: the buffers R allocates that outlive S, minus those R frees). So from D the search
+takes only S, and never branches over the orders of an update chain that fits under T now. A
+single node that frees at least what it allocates is the smallest such block."""
 
 import time
 from dataclasses import dataclass
 
 from roam_cli.order.problem import Problem, peak
+
+BLOCK_NODES = 24  # the longest block tried (an AdamW chain after the rules is 9 nodes)
+BLOCK_IDEALS = 256  # the most down-sets of a block compared with its end
 
 
 @dataclass(frozen=True)
@@ -25,80 +37,141 @@ class Budget(Exception):
     pass
 
 
-def solve(problem: Problem, warm_start: list[int], max_states: int, deadline: float,
-          known_bound: int = 0) -> Result:
-    n = problem.n
-    best, best_peak = list(warm_start), peak(problem, warm_start)
-    pred_mask = [sum(1 << u for u in ps) for ps in problem.preds]
-    sizes = [b.bytes for b in problem.buffers]
-    alloc_mask = [sum(1 << a for a in b.alloc) for b in problem.buffers]
-    reader_mask = [sum(1 << r for r in b.readers) for b in problem.buffers]
-    to_end = [b.to_end for b in problem.buffers]
-    touches = [sorted(set(problem.allocs[v]) | set(problem.reads[v])) for v in range(n)]
-    start_live = problem.base + sum(s for s, m in zip(sizes, alloc_mask) if not m)
-    full = (1 << n) - 1
-    succs = problem.succs
-    sources = sum(1 << v for v in range(n) if not pred_mask[v])
-    visited_total = 0
+class Space:
+    """The problem as bitmasks, and the live bytes of a step run after a down-set."""
 
-    def step(done: int, v: int, live: int) -> tuple[int, int]:
+    def __init__(self, problem: Problem):
+        n = problem.n
+        self.n = n
+        self.pred_mask = [sum(1 << u for u in ps) for ps in problem.preds]
+        self.sizes = [b.bytes for b in problem.buffers]
+        self.alloc_mask = [sum(1 << a for a in b.alloc) for b in problem.buffers]
+        self.reader_mask = [sum(1 << r for r in b.readers) for b in problem.buffers]
+        self.to_end = [b.to_end for b in problem.buffers]
+        self.touches = [sorted(set(problem.allocs[v]) | set(problem.reads[v])) for v in range(n)]
+        self.start_live = problem.base + sum(s for s, m in zip(self.sizes, self.alloc_mask) if not m)
+        self.succs = problem.succs
+        self.sources = sum(1 << v for v in range(n) if not self.pred_mask[v])
+        # a block grows along successors and nodes reading what it reads: an update chain's branches
+        self.near = [sum(1 << w for w in problem.succs[v]) for v in range(n)]
+        for mask in self.reader_mask:
+            for v in range(n):
+                if mask >> v & 1:
+                    self.near[v] |= mask & ~(1 << v)
+
+    def step(self, done: int, v: int, live: int) -> tuple[int, int]:
         """(live bytes at v's step, live bytes after it) when v runs after `done`."""
         after = done | 1 << v
         grown = freed = 0
-        for b in touches[v]:
+        alloc_mask, reader_mask, sizes = self.alloc_mask, self.reader_mask, self.sizes
+        for b in self.touches[v]:
             m = alloc_mask[b]
-            fresh = m and not m & done  # v allocates it now
+            fresh = m >> v & 1 and not m & done  # v allocates it now (a reader may run before it is allocated)
             if fresh:
                 grown += sizes[b]
-            if not to_end[b] and (fresh or not m or m & done) and reader_mask[b] & ~after == 0 \
+            if not self.to_end[b] and (fresh or not m or m & done) and reader_mask[b] & ~after == 0 \
                     and (reader_mask[b] >> v & 1 or fresh):
                 freed += sizes[b]
         return live + grown, live + grown - freed
 
+    def ready_after(self, ready: int, nxt: int, run: list[int]) -> int:
+        for v in run:
+            ready &= ~(1 << v)
+        for v in run:
+            for w in self.succs[v]:
+                if not nxt >> w & 1 and self.pred_mask[w] & ~nxt == 0:
+                    ready |= 1 << w
+        return ready
+
+    def block(self, done: int, live: int, v: int, after: int, limit: int) -> tuple[list[int], int, int] | None:
+        """A forced block from `done` that starts with v: (its nodes, the down-set after it, the live
+        bytes after it), or None. Grown greedily by the candidate that leaves the least live."""
+        run, now, lv = [v], done | 1 << v, after
+        ideals = {0: live, 1 << v: after}  # the block's own down-sets -> live bytes after done + them
+        near = self.near[v]
+        while lv > min(ideals.values()):
+            if len(run) == BLOCK_NODES:
+                return None
+            best = None
+            rest = near & ~now
+            while rest:
+                low = rest & -rest
+                rest ^= low
+                w = low.bit_length() - 1
+                if self.pred_mask[w] & ~now == 0:
+                    at, left = self.step(now, w, lv)
+                    if at <= limit and (best is None or (left, at, w) < best):
+                        best = (left, at, w)
+            if best is None:
+                return None
+            lv, _, w = best
+            for inner, inner_live in list(ideals.items()):
+                if self.pred_mask[w] & ~(done | inner) == 0:
+                    ideals[inner | 1 << w] = self.step(done | inner, w, inner_live)[1]
+            if len(ideals) > BLOCK_IDEALS:
+                return None
+            run.append(w)
+            now |= 1 << w
+            near |= self.near[w]
+        return run, now, lv
+
+
+def solve(problem: Problem, warm_start: list[int], max_states: int, deadline: float,
+          known_bound: int = 0) -> Result:
+    space = Space(problem)
+    best, best_peak = list(warm_start), peak(problem, warm_start)
+    full = (1 << problem.n) - 1
+    visited_total = 0
+
+    def moves_from(done: int, live: int, ready: int, limit: int) -> list[tuple[int, list[int], int]]:
+        """The moves worth trying from `done`: (live after, nodes, next down-set); popped from the end."""
+        options = []
+        rest = ready
+        while rest:
+            low = rest & -rest
+            rest ^= low
+            v = low.bit_length() - 1
+            at, after = space.step(done, v, live)
+            if at <= limit:
+                options.append((after, at, v))
+        for after, at, v in sorted(options):
+            forced = space.block(done, live, v, after, limit)
+            if forced:
+                run, nxt, left = forced
+                return [] if nxt in seen else [(left, run, nxt)]
+        options.sort(reverse=True)  # least live after it first
+        return [(after, [v], done | 1 << v) for after, _, v in options if done | 1 << v not in seen]
+
     def below(limit: int) -> list[int] | None:
         """An order whose every step is at most `limit`, or None when there is none."""
-        nonlocal visited_total
+        nonlocal visited_total, seen
         seen = {0}
-        path: list[int] = []
-        stack = [(0, start_live, sources, None)]  # (done set, live after it, ready set, next moves)
+        path: list[list[int]] = []
+        stack = [(0, space.start_live, space.sources, None)]  # (done set, live after it, ready set, next moves)
         while stack:
             done, live, ready, moves = stack[-1]
             if moves is None:
                 if done == full:
-                    return list(path)
-                options = []
-                rest = ready
-                while rest:
-                    low = rest & -rest
-                    rest ^= low
-                    v = low.bit_length() - 1
-                    at, after = step(done, v, live)
-                    if at <= limit and done | low not in seen:
-                        options.append((after, at, v))
-                options.sort(reverse=True)  # popped from the end: least live after it first
-                stack[-1] = (done, live, ready, options)
-                moves = options
+                    return [v for run in path for v in run]
+                moves = moves_from(done, live, ready, limit)
+                stack[-1] = (done, live, ready, moves)
             if not moves:
                 stack.pop()
                 if path:
                     path.pop()
                 continue
-            after, _, v = moves.pop()
-            nxt = done | 1 << v
+            after, run, nxt = moves.pop()
             if nxt in seen:
                 continue
             seen.add(nxt)
             visited_total += 1
             if visited_total > max_states or time.perf_counter() > deadline:
                 raise Budget
-            path.append(v)
-            now_ready = ready & ~(1 << v)
-            for w in succs[v]:
-                if pred_mask[w] & ~nxt == 0:
-                    now_ready |= 1 << w
-            stack.append((nxt, after, now_ready, None))
+            path.append(run)
+            stack.append((nxt, after, space.ready_after(ready, nxt, run), None))
         return None
 
+    seen: set[int] = set()
     try:
         while best_peak > known_bound:
             found = below(best_peak - 1)

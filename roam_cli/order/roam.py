@@ -161,6 +161,8 @@ class Search:
             self.cut()
             stats.passes += 1
         stats.proven_optimal = peak(rp, self.current) <= stats.lower_bound or whole in self.proven
+        if whole in self.proven:  # the exact search over the whole problem is itself the bound
+            stats.lower_bound = max(stats.lower_bound, peak(rp, self.current))
         return self.current
 
     def repair(self) -> bool:
