@@ -23,6 +23,7 @@ from roam_cli.order.problem import Problem, peak
 
 BLOCK_NODES = 24  # the longest block tried (an AdamW chain after the rules is 9 nodes)
 BLOCK_IDEALS = 256  # the most down-sets of a block compared with its end
+BLOCK_CO_READERS = 4  # a block grows to the other readers of a tensor read by at most this many
 
 
 @dataclass(frozen=True)
@@ -52,12 +53,16 @@ class Space:
         self.start_live = problem.base + sum(s for s, m in zip(self.sizes, self.alloc_mask) if not m)
         self.succs = problem.succs
         self.sources = sum(1 << v for v in range(n) if not self.pred_mask[v])
-        # a block grows along successors and nodes reading what it reads: an update chain's branches
+        # a block grows along successors and nodes reading what it reads: an update chain's
+        # branches. Not along the readers of a widely read tensor (an activation every branch of
+        # a layer reads, the optimizer's step count): trying them all in every state costs more
+        # than the blocks they could close save
         self.near = [sum(1 << w for w in problem.succs[v]) for v in range(n)]
         for mask in self.reader_mask:
-            for v in range(n):
-                if mask >> v & 1:
-                    self.near[v] |= mask & ~(1 << v)
+            if mask.bit_count() <= BLOCK_CO_READERS:
+                for v in range(n):
+                    if mask >> v & 1:
+                        self.near[v] |= mask & ~(1 << v)
 
     def step(self, done: int, v: int, live: int) -> tuple[int, int]:
         """(live bytes at v's step, live bytes after it) when v runs after `done`."""
