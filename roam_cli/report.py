@@ -5,6 +5,7 @@ them. The strategies table reads the baselines that optimize measured in the sam
 (`stats.baselines`, `stats.order.baselines`, `stats.layout.baselines`); a plan without them
 shows its own row only."""
 
+from collections import Counter
 from collections.abc import Iterable
 
 from rich import box
@@ -230,9 +231,7 @@ def recompute_effect(plan: dict) -> dict:
     the bytes kept across the forward/backward boundary and the plan's figures without and with
     it, and per op class the copies, their FLOPs and the bytes no longer kept."""
     r = plan["recompute"]
-    copies_by_class: dict[str, int] = {}
-    for n in r["nodes"]:
-        copies_by_class[n.get("class") or n["op_type"]] = copies_by_class.get(n.get("class") or n["op_type"], 0) + 1
+    copies_by_class = Counter(n.get("class") or n["op_type"] for n in r["nodes"])
     step = r["step_flops"]
     by_class = [{"class": c, "copies": copies_by_class.get(c, 0), "flops": v.get("flops", 0),
                  "flops_share": v.get("flops", 0) / step if step else 0.0, "bytes_not_kept": v.get("bytes_not_kept", 0)}

@@ -97,7 +97,7 @@ def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tup
                 "readers": [rewritten.graph.nodes[u].name for u in rewritten.graph.consumers.get(new, ())
                             if rewritten.graph.nodes[u].name not in added]}
                for old, new in sorted(renamed.items())]
-    before = keep_all(graph, mm)
+    before = chosen(p, set(p.needed))  # the graph as it is, on the same problem
     bytes_by_class: Counter = Counter()
     for r in before.kept - choice.kept:
         producer = graph.nodes[graph.producer[r]]
