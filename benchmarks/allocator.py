@@ -67,7 +67,7 @@ def roam(*args) -> None:
 def one_run(model: str, plan_path: str, steps: int, allocator: str, inputs: str | None, compare: bool,
             log_arena: bool = True) -> dict:
     """In a fresh process: ORT's kSameAsRequested arena is registered process-wide."""
-    from roam_cli import plan as plan_io
+    from roam_cli.core import plan as plan_io
     from roam_cli.runtime.train import train
 
     return train(Path(model), plan_io.read(plan_path), steps, allocator=allocator,
@@ -78,7 +78,7 @@ def stepper(conn, model: str, plan_path: str, allocator: str, inputs: str | None
     """A process holding one session: steps it each time it is told to, answers with the seconds.
     One process per allocator: ONNX Runtime gives every session of a process the CPU allocator of
     the first one, so ORT's arena and roam's cannot share a process."""
-    from roam_cli import plan as plan_io
+    from roam_cli.core import plan as plan_io
     from roam_cli.runtime.train import PlannedSession, batch_for, read_batches, starting_values
 
     plan = plan_io.read(plan_path)

@@ -28,9 +28,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from layout_csv import overlaps  # noqa: E402
+
 from roam_cli import layout  # noqa: E402
 from roam_cli.layout.csv_io import read_csv, write_csv  # noqa: E402
-from layout_csv import overlaps  # noqa: E402
 
 DEFAULT_DIR = ROOT.parent / "shared" / "bench" / "minimalloc-challenging"
 
@@ -50,8 +51,9 @@ def random_instance(seed: int, n: int = 200, steps: int = 100) -> list[tuple[int
 
 def model_instance(path: str) -> list[tuple[int, int, int]]:
     """Transient tensors of a training graph in its original node order (needs the core)."""
-    from roam_cli import memory, order
-    from roam_cli.onnx_import import import_model
+    from roam_cli import order
+    from roam_cli.core import memory
+    from roam_cli.frontend.onnx_import import import_model
     from roam_cli.pipeline import layout_buffers
     imported = import_model(Path(path), {}, False)
     mm = memory.build(imported.graph, 256, {}, None)

@@ -32,8 +32,9 @@ END_TO_END = ["gpt2_xl/full_step.onnx"]
 
 def measure(graph: Path, order_strategy: str, time_limit: float | None) -> dict:
     """One graph, one order strategy, every layout strategy (the worker's job)."""
-    from roam_cli import layout, memory, order, plan as plan_mod, pipeline
-    from roam_cli.onnx_import import import_model
+    from roam_cli import layout, order, pipeline
+    from roam_cli.core import memory, plan as plan_mod
+    from roam_cli.frontend.onnx_import import import_model
     from roam_cli.verify import verify
 
     t = time.perf_counter()
@@ -110,7 +111,7 @@ def machine() -> str:
 
 
 def gib(n: int) -> str:
-    from roam_cli.units import format_bytes
+    from roam_cli.core.units import format_bytes
 
     return format_bytes(n)
 
@@ -252,7 +253,7 @@ def main(argv=None) -> int:
     flags = "".join(f" --{k.replace('_', '-')} {v}" for k, v in (("time_limit", a.time_limit),) if v is not None)
     a.command_flags = flags
     text = render(graphs, results, end_to_end, models, a, time.perf_counter() - start)
-    from roam_cli.fileio import write_atomic
+    from roam_cli.core.fileio import write_atomic
 
     write_atomic(a.out, text + "\n")
     print(f"wrote {a.out}")

@@ -21,10 +21,12 @@ import sys
 import time
 from pathlib import Path
 
-from roam_cli import memory, milp, order
-from roam_cli.onnx_import import import_model
+from roam_cli import order
+from roam_cli.core import memory
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.order import ilp
 from roam_cli.order.problem import from_memory_model, peak
+from roam_cli.solvers import milp
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"

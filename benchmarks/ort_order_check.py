@@ -16,10 +16,10 @@ from pathlib import Path
 
 import onnxruntime as ort
 
-from roam_cli import memory
-from roam_cli.onnx_import import import_model
+from roam_cli.core import memory
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.frontend.synthetic import synthetic_feeds
 from roam_cli.order.ort import ort_default
-from roam_cli.runtime.synthetic import synthetic_feeds
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests"))

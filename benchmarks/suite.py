@@ -11,7 +11,7 @@ download, no weight is ever allocated (random-weight configs, so nothing is fold
 value either). For each model, in `<out>/<model>/`:
 
 - `forward.onnx`: forward (+ the model's own loss for language models), exported with
-  `roam_cli.torch_export` (torch.onnx dynamo exporter; every parameter survives as an
+  `roam_cli.frontend.torch_export` (torch.onnx dynamo exporter; every parameter survives as an
   initializer pointing into `weights.bin`, which is never written);
 - `training_model.onnx`, `optimizer_model.onnx`: `roam make-training-graph forward.onnx
   --loss ...` (ONNX Runtime artifacts: forward, loss, backward, gradient accumulation; AdamW);
@@ -140,8 +140,8 @@ class Logits(torch.nn.Module):
 
 def export(spec: Model, out: Path, meta: bool = True):
     """Export one model to <out>/<model>/forward.onnx; returns (path, module, --loss, export seconds)."""
-    from roam_cli import torch_export
-    from roam_cli.fileio import write_atomic
+    from roam_cli.core.fileio import write_atomic
+    from roam_cli.frontend import torch_export
 
     folder = out / spec.name
     folder.mkdir(parents=True, exist_ok=True)
@@ -155,8 +155,8 @@ def make(spec: Model, out: Path, meta: bool = True) -> dict:
     """Export one model and make both training graphs; returns the row for the table."""
     import onnx
 
-    from roam_cli import training_graph
-    from roam_cli.fileio import write_atomic
+    from roam_cli.core.fileio import write_atomic
+    from roam_cli.frontend import training_graph
 
     forward, wrapper, loss, export_s = export(spec, out, meta)
     folder = forward.parent

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from roam_cli import pipeline
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import load_model
-from roam_cli.plan import needed_bytes
+from roam_cli.core.errors import RoamError
+from roam_cli.core.plan import needed_bytes
+from roam_cli.frontend.onnx_import import load_model
 
 # what max-batch reports of the plan at its answer
 FIGURES = ("persistent_bytes", "peak_live_bytes", "arena_bytes")

@@ -9,11 +9,14 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, budget as budget_mod, layout, milp, order, pair, pipeline, plan as plan_io, recompute, \
-    report as report_mod, training_graph
-from roam_cli.errors import CheckFailed, RoamError
-from roam_cli.fileio import check_output_path, write_all_atomic, write_atomic
-from roam_cli.units import format_bytes, parse_bytes
+from roam_cli import __version__, budget as budget_mod, layout, order, pair, pipeline, recompute
+from roam_cli.core import plan as plan_io
+from roam_cli.core.errors import CheckFailed, RoamError
+from roam_cli.core.fileio import check_output_path, write_all_atomic, write_atomic
+from roam_cli.core.units import format_bytes, parse_bytes
+from roam_cli.frontend import training_graph
+from roam_cli.outputs import report as report_mod
+from roam_cli.solvers import milp
 
 out = Console()
 err = Console(stderr=True)
@@ -154,7 +157,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
     milp.check_solver(solver)
     if plot_dir is not None:
-        from roam_cli import plot
+        from roam_cli.outputs import plot
 
         if not plot_dir.is_dir():
             raise RoamError(f"--plot {plot_dir}: no such directory")
@@ -388,7 +391,7 @@ def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_f
       roam plot plan.json -o pictures/
       roam plot plan.json -o pictures/ --model training_model.onnx --format png --budget 16GiB
     """
-    from roam_cli import plot as plot_mod
+    from roam_cli.outputs import plot as plot_mod
 
     fmts = tuple(f.strip().lower() for f in formats.split(",") if f.strip())
     unknown = [f for f in fmts if f not in plot_mod.FORMATS]
@@ -441,7 +444,7 @@ def export(obj, plan_path, trace_path, snapshot_path, as_json):
       roam export plan.json --perfetto trace.json
       roam export plan.json --memory-snapshot snapshot.pickle --perfetto trace.json
     """
-    from roam_cli import export as export_mod
+    from roam_cli.outputs import export as export_mod
 
     outputs = [(p, f) for p, f in ((trace_path, "perfetto"), (snapshot_path, "snapshot")) if p is not None]
     if not outputs:
@@ -527,8 +530,14 @@ def max_batch(obj, model, dim, budget, dims, order_strategy, layout_strategy, al
 
 def rich_progress(quiet: bool):
     """A progress bar on stderr for multi-step searches (silent with -q or when not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, SpinnerColumn, TextColumn, \
-        TimeElapsedColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress as RichProgress,
+        SpinnerColumn,
+        TextColumn,
+        TimeElapsedColumn,
+    )
 
     return RichProgress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
                         TimeElapsedColumn(), console=err, transient=True, disable=quiet or not err.is_terminal)

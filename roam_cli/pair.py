@@ -9,7 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from roam_cli import recompute
-from roam_cli.onnx_import import Imported, import_model
+from roam_cli.frontend.onnx_import import Imported, import_model
 
 # The plan's fields that name the members. A plan made before roam recorded the pair names only
 # `model`, the graph it orders, and that file alone belongs to it.
@@ -51,7 +51,7 @@ def planned_graph(model_path: Path, plan: dict, shapes_from_run: bool = False) -
         return
     with tempfile.TemporaryDirectory(prefix="roam-") as folder:
         if "ort_optimized" in plan:
-            from roam_cli.runtime import ort_optimize  # ONNX Runtime is loaded only for such a plan
+            from roam_cli.frontend import ort_optimize  # ONNX Runtime is loaded only for such a plan
 
             optimized = Path(folder) / Path(model_path).name
             ort_optimize.reproduce(Path(model_path), plan["ort_optimized"], optimized)

@@ -8,11 +8,11 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from roam_cli import annotate, layout, memory, order, plan as plan_io, recompute
-from roam_cli.errors import CheckFailed
-from roam_cli.fileio import check_output_path
-from roam_cli.onnx_import import Imported, external_data_files, import_model, load_model
-
+from roam_cli import layout, order, recompute
+from roam_cli.core import annotate, memory, plan as plan_io
+from roam_cli.core.errors import CheckFailed
+from roam_cli.core.fileio import check_output_path
+from roam_cli.frontend.onnx_import import Imported, external_data_files, import_model, load_model
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -60,7 +60,7 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_
         result = plan_graph(model_path, plan_path, options, say)
         result.plan["source_model"] = dict(result.plan["model"])
         return result
-    from roam_cli.runtime import ort_optimize  # ONNX Runtime is loaded only when asked for
+    from roam_cli.frontend import ort_optimize  # ONNX Runtime is loaded only when asked for
 
     level, provider = options.ort_optimized, options.provider
     t = time.perf_counter()

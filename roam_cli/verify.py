@@ -8,7 +8,7 @@ import heapq
 from dataclasses import dataclass
 
 from roam_cli import pair
-from roam_cli.graph import Graph
+from roam_cli.core.graph import Graph
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}

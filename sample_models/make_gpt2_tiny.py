@@ -28,7 +28,7 @@ What it does
 2. Exports ``Wrapper(input_ids, labels) -> loss`` (the HF causal-LM loss, i.e.
    logits shifted by one and SoftmaxCrossEntropyLoss with ignore_index=-100)
    with ``torch.onnx.export(..., dynamo=True, optimize=False)``, opset 18.
-3. ``roam_cli.torch_export.export``: lifts every parameter out of the initializer
+3. ``roam_cli.frontend.torch_export.export``: lifts every parameter out of the initializer
    list into a graph input, runs the exporter's optimizer
    (``ONNXProgram.optimize()``), puts the parameters back as initializers
    (embedded data, or external data pointing into a sparse file that is never
@@ -36,10 +36,10 @@ What it does
    constant-folded (e.g. wpe gathered at constant positions) or merged (equal
    initializers), while the rest of the graph is cleaned up as with the
    exporter's default ``optimize=True``.
-4. ``roam_cli.training_graph.repair``: adds the optional outputs the ORT
+4. ``roam_cli.frontend.training_graph.repair``: adds the optional outputs the ORT
    gradient builders need (LayerNormalization Mean/InvStdDev, Dropout mask,
    SoftmaxCrossEntropyLoss log_prob); ir_version 10.
-5. ``roam_cli.training_graph.build`` (what ``roam make-training-graph`` uses;
+5. ``roam_cli.frontend.training_graph.build`` (what ``roam make-training-graph`` uses;
    the same onnxblock calls as ``artifacts.generate_artifacts``) with
    ``requires_grad`` = all parameters, loss ``none`` (the graph output already
    is the loss) and AdamW. With ``--no-weights`` the checkpoint is not written
@@ -63,7 +63,7 @@ from pathlib import Path
 import numpy as np
 import onnx
 
-from roam_cli import torch_export, training_graph
+from roam_cli.frontend import torch_export, training_graph
 
 SEED = 1234
 HERE = Path(__file__).resolve().parent

@@ -9,8 +9,8 @@ import random
 
 from onnx import TensorProto
 
-from roam_cli import memory
-from roam_cli.graph import Graph, Node, Value
+from roam_cli.core import memory
+from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.order.problem import Buffer, Problem
 
 F, B = TensorProto.FLOAT, TensorProto.BOOL

@@ -2,12 +2,12 @@
 
 import numpy as np
 import pytest
-
 from conftest import roam
 from onnx_builder import model, node, save
+
 from roam_cli import layout
 from roam_cli.budget import check, largest_fitting
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
 
 W_BYTES = 64 * 64 * 4  # the one initializer
 

@@ -7,10 +7,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
-from roam_cli.runtime.synthetic import synthetic_feeds
+
+from roam_cli.frontend.synthetic import synthetic_feeds
 
 
 def test_optimize_verify_report_on_the_sample(sample_plan):

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
+
 from roam_cli import layout, order, pipeline
-from roam_cli import plan as plan_io
+from roam_cli.core import plan as plan_io
 from roam_cli.layout import search
 
 

@@ -8,12 +8,12 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import roam
 from onnx_builder import model, node, save
-from roam_cli.errors import RoamError
+
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.runtime.execute import difference, extended_bytes, make_feeds, order_agreement, seed_random_ops
-from roam_cli.onnx_import import import_model
 from roam_cli.runtime.replay import replay
 
 

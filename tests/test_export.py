@@ -7,10 +7,10 @@ import pickle
 import pickletools
 
 import pytest
-
 from conftest import roam
-from roam_cli.export import ARENA_BASE, PICKLE_PROTOCOL, memory_snapshot, perfetto_trace
 from test_budget import W_BYTES, chain_model
+
+from roam_cli.outputs.export import ARENA_BASE, PICKLE_PROTOCOL, memory_snapshot, perfetto_trace
 
 # The opcodes memory_viz's JavaScript unpickler (torch/utils/viz/MemoryViz.js) understands.
 MEMORY_VIZ_OPCODES = {

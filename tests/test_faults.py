@@ -16,15 +16,16 @@ from pathlib import Path
 import numpy as np
 import pulp
 import pytest
-
 from onnx_builder import model, node, save
-from roam_cli import fileio, pipeline
-from roam_cli.errors import RoamError
-from roam_cli.layout.ilp import solve_ilp
-from roam_cli.onnx_import import import_model
-from roam_cli.verify import verify
 from test_determinism import small_training_step
 from test_hostile import main_in_process
+
+from roam_cli import pipeline
+from roam_cli.core import fileio
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.layout.ilp import solve_ilp
+from roam_cli.verify import verify
 
 # Shell scripts that behave like a broken CBC. Every one is called with CBC's arguments:
 # MODEL.mps ... -solution FILE.

@@ -18,17 +18,16 @@ from unittest import mock
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-from onnx import TensorProto, helper, numpy_helper
-
 from conftest import ROOT, SAMPLE
+from hypothesis import given, settings, strategies as st
+from onnx import TensorProto, helper, numpy_helper
 from onnx_builder import model, node
 from random_graphs import training_graphs
+
 from roam_cli import pipeline
 from roam_cli.cli import main
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import import_model
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.verify import verify
 
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -364,7 +363,7 @@ def test_a_plan_file_nested_too_deep_is_refused_in_one_line(planned, tmp_path):
 
 def test_sequence_seen_only_by_onnx_runtime_is_refused(tmp_path):
     """--shapes-from-run refuses a value ONNX Runtime returns as a list rather than an array."""
-    from roam_cli.shapes import shapes_from_run
+    from roam_cli.frontend.shapes import shapes_from_run
 
     m = sequence_output()
     with pytest.raises(RoamError, match="'s' is not a tensor"):

@@ -4,11 +4,11 @@ import json
 
 import numpy as np
 import pytest
-
 from onnx_builder import model, node, save
-from roam_cli import memory
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import import_model
+
+from roam_cli.core import memory
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.order import original
 
 KB = 1024

@@ -7,12 +7,13 @@ import random
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
 from order_cases import random_graph
-from roam_cli import memory, order
-from roam_cli.onnx_import import import_model
+
+from roam_cli import order
+from roam_cli.core import memory
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.order import bounds, roam as roam_mod
 from roam_cli.order.greedy import dfs_schedule, list_schedule
 from roam_cli.order.ort import ort_default

@@ -4,12 +4,23 @@
 import random
 
 import pytest
-
 from order_cases import brute_force, cases, count_orders, random_problem, topological_orders
-from roam_cli import memory, milp, order
+
+from roam_cli import order
+from roam_cli.core import memory
 from roam_cli.order import bounds, ideals, ilp
-from roam_cli.order.problem import (Buffer, Problem, from_memory_model, is_topological, kahn, peak, positions, profile,
-                                    reachability)
+from roam_cli.order.problem import (
+    Buffer,
+    Problem,
+    from_memory_model,
+    is_topological,
+    kahn,
+    peak,
+    positions,
+    profile,
+    reachability,
+)
+from roam_cli.solvers import milp
 
 CASES = cases(200, seed=2024)
 OPTIMA = [brute_force(mm) for _, mm in CASES]

@@ -2,10 +2,10 @@
 and each rule catches the training-graph pattern it is for."""
 
 import pytest
-
 from order_cases import cases, topological_orders
-from roam_cli import memory
-from roam_cli.graph import Graph, Node, Value
+
+from roam_cli.core import memory
+from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.order import rules
 from roam_cli.order.greedy import list_schedule
 from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak

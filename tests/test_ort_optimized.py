@@ -7,11 +7,11 @@ import json
 import onnx
 import onnxruntime as ort
 import pytest
-
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
+
 from roam_cli import pipeline
-from roam_cli.runtime import ort_optimize
+from roam_cli.frontend import ort_optimize
 
 
 @pytest.fixture(scope="module")

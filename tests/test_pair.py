@@ -6,10 +6,11 @@ import json
 
 import onnx
 import pytest
-
 from conftest import roam
 from onnx_builder import model, node, save
-from roam_cli import annotate, pair
+
+from roam_cli import pair
+from roam_cli.core import annotate
 
 
 def sha(path) -> str:

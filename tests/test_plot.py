@@ -6,14 +6,14 @@ import xml.etree.ElementTree as ET
 
 import onnx
 import pytest
-
 from conftest import roam
-from roam_cli.errors import RoamError
-from roam_cli.units import format_bytes
 from test_budget import chain_model
 
+from roam_cli.core.errors import RoamError
+from roam_cli.core.units import format_bytes
+
 pytest.importorskip("matplotlib")
-from roam_cli import plot  # noqa: E402  (needs matplotlib only to draw, but skip together)
+from roam_cli.outputs import plot  # noqa: E402  (needs matplotlib only to draw, but skip together
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 

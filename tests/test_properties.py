@@ -10,11 +10,11 @@ from pathlib import Path
 import onnx
 import pytest
 from hypothesis import HealthCheck, given, settings
-
 from onnx_builder import model as make_model, node, save
 from random_graphs import buffer_sets, training_graphs
+
 from roam_cli import layout, order, pipeline
-from roam_cli import plan as plan_io
+from roam_cli.core import plan as plan_io
 from roam_cli.verify import Violation, verify
 
 # Solver strategies get a small budget per plan: the property is validity, not optimality. The

@@ -15,15 +15,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-from onnx import TensorProto
-
 from conftest import SAMPLE, roam
+from hypothesis import HealthCheck, given, settings, strategies as st
+from onnx import TensorProto
 from onnx_builder import model, node, save
-from roam_cli import memory, recompute
-from roam_cli import plan as plan_io
-from roam_cli.onnx_import import import_model
+
+from roam_cli import recompute
+from roam_cli.core import memory, plan as plan_io
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.recompute import flops, ops, rewrite
 from roam_cli.verify import Violation, check_recompute
 

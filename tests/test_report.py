@@ -4,10 +4,10 @@ import copy
 
 import pytest
 from click.testing import CliRunner
-
 from conftest import roam
+
 from roam_cli.cli import cli
-from roam_cli.report import live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
+from roam_cli.outputs.report import live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
 
 
 def test_live_curve_counts_first_and_last_steps_inclusive():

@@ -6,14 +6,14 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import helper
-
 from conftest import SAMPLE, roam
+from onnx import helper
 from onnx_builder import model, node, save
-from roam_cli.errors import RoamError
-from roam_cli.onnx_import import import_model
-from roam_cli.shapes import matmul_shape
-from roam_cli.runtime.synthetic import synthetic_feeds
+
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.frontend.shapes import matmul_shape
+from roam_cli.frontend.synthetic import synthetic_feeds
 
 
 def test_every_inferred_shape_matches_an_onnx_runtime_run_of_the_sample():

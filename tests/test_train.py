@@ -8,11 +8,11 @@ from pathlib import Path
 import numpy as np
 import onnxruntime as ort
 import pytest
-
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
-from roam_cli import plan as plan_io
-from roam_cli.errors import RoamError
+
+from roam_cli.core import plan as plan_io
+from roam_cli.core.errors import RoamError
 from roam_cli.runtime import _planalloc
 from roam_cli.runtime.allocator import ALIGNMENT, ORT_LIBRARY, ArenaAllocator
 from roam_cli.runtime.train import train

@@ -13,15 +13,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from onnx import TensorProto, helper
-
 from conftest import ROOT, SAMPLE, roam
+from onnx import TensorProto, helper
 from onnx_builder import model, node, save
-from roam_cli import pipeline, shapes, training_graph
-from roam_cli.errors import RoamError
-from roam_cli.memory import INPLACE_KEY
-from roam_cli.optimizer_graph import AdamW, SGD, full_step, gradient_accumulators
-from roam_cli.runtime.synthetic import synthetic_feeds
+
+from roam_cli import pipeline
+from roam_cli.core.errors import RoamError
+from roam_cli.core.memory import INPLACE_KEY
+from roam_cli.frontend import shapes, training_graph
+from roam_cli.frontend.optimizer_graph import SGD, AdamW, full_step, gradient_accumulators
+from roam_cli.frontend.synthetic import synthetic_feeds
 from roam_cli.verify import verify
 
 SAMPLE_OPTIMIZER = SAMPLE.parent / "optimizer_model.onnx"
@@ -334,7 +335,7 @@ def test_export_keeps_every_parameter_and_computes_what_pytorch_computes(tmp_pat
     suite = suite_module()
     import torch
 
-    from roam_cli import torch_export
+    from roam_cli.frontend import torch_export
 
     spec = suite.Model("gpt2", "gpt2", dict(vocab_size=64, n_positions=16, n_layer=1, n_embd=16, n_head=2,
                                             bos_token_id=0, eos_token_id=0, resid_pdrop=0.0, embd_pdrop=0.0,

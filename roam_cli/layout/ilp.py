@@ -23,7 +23,7 @@ from collections.abc import Sequence
 
 import pulp
 
-from roam_cli import milp
+from roam_cli.solvers import milp
 
 
 def solve_ilp(buffers: Sequence[tuple[int, int, int]], *, upper: int, lower: int = 0,

@@ -46,10 +46,10 @@ import time
 import traceback
 from collections.abc import Sequence
 
-from roam_cli import milp
 from roam_cli.layout import heuristics, peak_live
 from roam_cli.layout.first_fit import first_fit
 from roam_cli.layout.search import DEFAULT_HEURISTICS, CanonicalSearch, SearchAborted
+from roam_cli.solvers import milp
 
 ILP_MAX_BUFFERS = 24
 

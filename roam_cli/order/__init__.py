@@ -12,10 +12,11 @@ Every strategy takes a `MemoryModel` and returns node indices plus plain statist
 
 import time
 
-from roam_cli import memory, milp
-from roam_cli.memory import MemoryModel
+from roam_cli.core import memory
+from roam_cli.core.memory import MemoryModel
 from roam_cli.order import greedy as greedy_mod, ilp, ort as ort_mod, roam as roam_mod
 from roam_cli.order.problem import from_memory_model, kahn
+from roam_cli.solvers import milp
 
 STRATEGIES = ("roam", "original", "ort", "greedy", "ilp-global")
 BASELINES = ("original", "ort", "greedy")

@@ -12,8 +12,8 @@
   before or at v and a reader at or after it. Buffers nobody reads are left out (a bound may
   undercount). Both bound the peak from below, so peak == bound proves an order optimal."""
 
-from roam_cli.maxflow import INF, Network
 from roam_cli.order.problem import Problem, profile, reachability
+from roam_cli.solvers.maxflow import INF, Network
 
 PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
 

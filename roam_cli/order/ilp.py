@@ -25,8 +25,8 @@ from dataclasses import dataclass
 
 import pulp
 
-from roam_cli import milp
 from roam_cli.order.problem import Problem, is_topological, peak, positions, reachability, spans
+from roam_cli.solvers import milp
 
 MAX_VARIABLES = 500_000  # beyond this the model alone takes gigabytes: report it as too large
 

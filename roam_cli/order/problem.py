@@ -14,8 +14,8 @@ memory.lifetimes(mm, order))[0]` (tested), which stays the single definition of 
 from dataclasses import dataclass
 from functools import cached_property
 
-from roam_cli.graph import smallest_first_order
-from roam_cli.memory import MemoryModel
+from roam_cli.core.graph import smallest_first_order
+from roam_cli.core.memory import MemoryModel
 
 
 @dataclass(frozen=True)

@@ -21,10 +21,10 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from roam_cli import milp
 from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules
 from roam_cli.order.greedy import SCHEDULERS
 from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
+from roam_cli.solvers import milp
 
 LEAF_SIZE = 32
 # A leaf's work is budgeted in solver units, not seconds, so a run gives the same order every

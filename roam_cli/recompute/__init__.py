@@ -9,10 +9,10 @@ other graph."""
 from collections import Counter
 from dataclasses import dataclass
 
-from roam_cli.errors import RoamError
-from roam_cli.graph import Graph
-from roam_cli.memory import MemoryModel
-from roam_cli.onnx_import import Imported
+from roam_cli.core.errors import RoamError
+from roam_cli.core.graph import Graph
+from roam_cli.core.memory import MemoryModel
+from roam_cli.frontend.onnx_import import Imported
 from roam_cli.recompute import ilp, mincut, ops, problem as problem_mod, rewrite as rewrite_mod
 from roam_cli.recompute.flops import graph_flops
 from roam_cli.recompute.problem import Problem

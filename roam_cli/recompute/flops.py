@@ -4,8 +4,8 @@ Products (MatMul, Gemm, FusedMatMul) cost 2·M·N·K, convolutions 2·(output el
 output), a convolution's gradient twice its convolution (the input and the weight gradient);
 every other op one per output element, views and shape queries nothing."""
 
-from roam_cli.graph import Graph, Node
-from roam_cli.memory import VIEW_OPS
+from roam_cli.core.graph import Graph, Node
+from roam_cli.core.memory import VIEW_OPS
 
 PRODUCTS = {"MatMul", "Gemm", "FusedMatMul", "TransposeMatMul", "FusedGemm"}
 CONVOLUTIONS = {"Conv", "FusedConv", "ConvTranspose"}

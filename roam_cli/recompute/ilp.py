@@ -9,8 +9,8 @@ copies and replays."""
 
 import pulp
 
-from roam_cli import milp
 from roam_cli.recompute.problem import Problem, recomputed
+from roam_cli.solvers import milp
 
 
 def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set[str]) -> set[str] | None:

@@ -10,8 +10,8 @@ that can be replayed has a vertex of its own for the replay (cut from the source
 reading the Dropout's input and mask) instead of the edge from the Dropout, which is never
 copied."""
 
-from roam_cli.maxflow import INF, Network
 from roam_cli.recompute.problem import Problem
+from roam_cli.solvers.maxflow import INF, Network
 
 SOURCE, SINK = 0, 1
 

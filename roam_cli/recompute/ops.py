@@ -5,8 +5,8 @@ keeps its saved mask), no in-place write, no op with subgraphs or state. `free` 
 whose cost is a pass over their data (elementwise, shape and view, normalisation, activation);
 `budget` also copies the compute-bound products and reductions, which the FLOP count prices."""
 
-from roam_cli.graph import Node
-from roam_cli.memory import INPLACE_OPS
+from roam_cli.core.graph import Node
+from roam_cli.core.memory import INPLACE_OPS
 
 ELEMENTWISE = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Reciprocal", "Neg", "Abs", "Exp", "Log", "Erf",
                "Cast", "CastLike", "Where", "Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not",

@@ -11,8 +11,8 @@ Solvers choose the saved set; `recomputed()` derives the copies and replays it i
 
 from dataclasses import dataclass
 
-from roam_cli.graph import Graph
-from roam_cli.memory import MemoryModel
+from roam_cli.core.graph import Graph
+from roam_cli.core.memory import MemoryModel
 from roam_cli.recompute import flops as flops_mod, ops
 
 

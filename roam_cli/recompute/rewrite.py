@@ -15,10 +15,10 @@ from dataclasses import replace
 
 import onnx
 
-from roam_cli.annotate import set_meta
-from roam_cli.graph import Graph, Node
-from roam_cli.memory import RECOMPUTE_KEY
-from roam_cli.onnx_import import Imported
+from roam_cli.core.annotate import set_meta
+from roam_cli.core.graph import Graph, Node
+from roam_cli.core.memory import RECOMPUTE_KEY
+from roam_cli.frontend.onnx_import import Imported
 
 SUFFIX = "/recompute"
 REPLAY = "/replay"

@@ -26,9 +26,9 @@ import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state
 
 from roam_cli import layout
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.providers import PROVIDERS
 from roam_cli.runtime import _planalloc
-from roam_cli.runtime.providers import PROVIDERS
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
 ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]

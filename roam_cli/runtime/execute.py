@@ -30,14 +30,15 @@ from onnx import helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from roam_cli import annotate, pair
-from roam_cli.errors import RoamError, first_line
-from roam_cli.onnx_import import Imported
-from roam_cli.runtime.ort_optimize import SessionOptimizations, planned_optimizations
-from roam_cli.runtime.providers import arena_providers, check_device, check_started
+from roam_cli import pair
+from roam_cli.core import annotate
+from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.units import format_bytes
+from roam_cli.frontend.onnx_import import Imported
+from roam_cli.frontend.ort_optimize import SessionOptimizations, planned_optimizations
+from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.synthetic import synthesize
 from roam_cli.runtime.replay import replay, storage_roots
-from roam_cli.runtime.synthetic import synthesize
-from roam_cli.units import format_bytes
 
 RTOL = 1e-5  # largest |difference| allowed, relative to the largest magnitude in the reference tensor
 MIN_AGREEMENT = 0.999

@@ -16,10 +16,10 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from roam_cli.errors import CheckFailed, RoamError
-from roam_cli.graph import Graph
-from roam_cli.memory import INPLACE_OPS
-from roam_cli.runtime.providers import PROVIDERS
+from roam_cli.core.errors import CheckFailed, RoamError
+from roam_cli.core.graph import Graph
+from roam_cli.core.memory import INPLACE_OPS
+from roam_cli.frontend.providers import PROVIDERS
 
 POISON = 0xFF  # the arena starts as all-ones bytes: a float read before it is written is NaN
 BINDABLE = {np.dtype(t) for t in (np.float16, np.float32, np.float64, np.int8, np.int16, np.int32, np.int64,

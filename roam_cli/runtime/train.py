@@ -26,17 +26,26 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from roam_cli import memory, pair
-from roam_cli.errors import RoamError, first_line
-from roam_cli.optimizer_graph import LEARNING_RATE, gradient_accumulators
+from roam_cli import pair
+from roam_cli.core import memory
+from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.units import format_bytes
+from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
+from roam_cli.frontend.ort_optimize import planned_optimizations
+from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
 from roam_cli.runtime.allocator import ArenaAllocator
-from roam_cli.runtime.execute import (ARENA_NAMES, RTOL, absolute_weights, difference, extended_bytes, in_order,
-                                      input_specs, seed_random_ops)
-from roam_cli.runtime.ort_optimize import planned_optimizations
-from roam_cli.runtime.providers import arena_providers, check_device, check_started
-from roam_cli.runtime.synthetic import synthesize
-from roam_cli.units import format_bytes
+from roam_cli.runtime.execute import (
+    ARENA_NAMES,
+    RTOL,
+    absolute_weights,
+    difference,
+    extended_bytes,
+    in_order,
+    input_specs,
+    seed_random_ops,
+)
 
 ALLOCATORS = ("roam", "ort", "ort-same-as-requested")
 NOISE_FLOOR = 1e-3  # magnitudes compared absolutely below this (relative tolerance x floor = 1e-8)

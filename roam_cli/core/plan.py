@@ -9,10 +9,10 @@ from pathlib import Path
 import jsonschema
 
 from roam_cli import __version__
-from roam_cli.errors import RoamError
-from roam_cli.fileio import write_atomic
-from roam_cli.graph import Graph
-from roam_cli.memory import MemoryModel, lifetimes, peak_live
+from roam_cli.core.errors import RoamError
+from roam_cli.core.fileio import write_atomic
+from roam_cli.core.graph import Graph
+from roam_cli.core.memory import MemoryModel, lifetimes, peak_live
 
 FORMAT, VERSION = "roam-plan", 1
 # Keys under which stats hold wall-clock figures (times, and budgets derived from elapsed time).

@@ -13,7 +13,7 @@ Both put one operator per step on a timeline, 1 µs per step (the plan has steps
 
 import pickle
 
-from roam_cli.report import plan_curve
+from roam_cli.outputs.report import plan_curve
 
 PID, OPS_TID = 1, 1
 # Arbitrary device addresses: below 2**53 so that JavaScript reads them exactly.

@@ -27,7 +27,7 @@ import warnings
 
 import pulp
 
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
 
 SOLVERS = ("cbc", "highs")
 GRACE = 2.0  # seconds a solver gets to write its incumbent after it is told to stop
@@ -83,14 +83,14 @@ def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float, m
 
 
 def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float, max_nodes: int | None) -> str:
-    """HiGHS through `roam_cli.highs_run`, which writes "optimal" or "feasible" and the column
+    """HiGHS through `roam_cli.solvers.highs_run`, which writes "optimal" or "feasible" and the column
     values to `sol`, or "none" when it stopped without a solution."""
     variables, _, _, _ = lp.writeMPS(mps, rename=1)
     if start is not None:
         with open(start, "w") as f:
             f.write("\n".join(repr(v.value() or 0) for v in variables))
     limit = max(1.0, deadline - time.perf_counter()) if math.isfinite(deadline) else "inf"
-    fault = run("highs", [sys.executable, "-m", "roam_cli.highs_run", mps, start or "-", sol, str(limit),
+    fault = run("highs", [sys.executable, "-m", "roam_cli.solvers.highs_run", mps, start or "-", sol, str(limit),
                           str(max_nodes) if max_nodes is not None else "-"], deadline, sol)
     if fault:
         return fault

@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
 
 TensorType = tuple[int, tuple[int, ...]]  # (onnx elem type, shape)
 SMALL = 4096  # integer tensors up to this many elements are evaluated (shapes, axes, indices)
@@ -341,7 +341,7 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
     Needs the weights (ORT reads them), so refuses a model whose external data is absent."""
     import onnxruntime as ort
 
-    from roam_cli.runtime.synthetic import synthetic_feeds
+    from roam_cli.frontend.synthetic import synthetic_feeds
 
     probe = copy.deepcopy(model)
     g = probe.graph

@@ -4,7 +4,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
 
 
 def _umask() -> int:

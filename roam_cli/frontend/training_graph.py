@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
-from roam_cli.errors import RoamError, first_line
+from roam_cli.core.errors import RoamError, first_line
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -267,9 +267,9 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
 
     An input that already is an artifacts training graph can only become a full step; that path
     needs neither torch nor onnxruntime.training."""
-    from roam_cli.fileio import check_output_path, write_atomic
-    from roam_cli.onnx_import import external_data_files, load_model
-    from roam_cli.optimizer_graph import full_step, gradient_accumulators
+    from roam_cli.core.fileio import check_output_path, write_atomic
+    from roam_cli.frontend.onnx_import import external_data_files, load_model
+    from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
 
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
     for i, path in enumerate(outputs):
@@ -315,7 +315,7 @@ def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:
     """The ORT training checkpoint: the one step that reads the weights."""
     from onnx.external_data_helper import load_external_data_for_tensor, uses_external_data
 
-    from roam_cli.fileio import write_atomic
+    from roam_cli.core.fileio import write_atomic
 
     for t in [*parameters[0], *parameters[1]]:
         if uses_external_data(t):

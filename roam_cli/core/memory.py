@@ -12,8 +12,8 @@ layouts consume; `lifetimes()` turns an order into each storage's [first, last] 
 import json
 from dataclasses import dataclass
 
-from roam_cli.errors import RoamError
-from roam_cli.graph import Graph
+from roam_cli.core.errors import RoamError
+from roam_cli.core.graph import Graph
 
 # Ops whose output 0 is a view of input 0 (ONNX Runtime aliases them; they allocate nothing).
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}

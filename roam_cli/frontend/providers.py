@@ -3,7 +3,7 @@ how a session gets ORT's own arena."""
 
 import onnxruntime as ort
 
-from roam_cli.errors import RoamError
+from roam_cli.core.errors import RoamError
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 

@@ -1,7 +1,7 @@
 """ONNX file -> Graph, without reading a single weight byte.
 
 Steps: parse the protobuf (external data left on disk), give every node a unique stable name,
-bind symbolic dimensions, infer every tensor's static shape (`roam_cli.shapes`), and check the
+bind symbolic dimensions, infer every tensor's static shape (`roam_cli.frontend.shapes`), and check the
 graph is a DAG whose every input is defined."""
 
 import hashlib
@@ -12,9 +12,9 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
-from roam_cli import shapes
-from roam_cli.errors import RoamError
-from roam_cli.graph import Graph, Node, Value, element_size, smallest_first_order
+from roam_cli.core.errors import RoamError
+from roam_cli.core.graph import Graph, Node, Value, element_size, smallest_first_order
+from roam_cli.frontend import shapes
 
 
 @dataclass

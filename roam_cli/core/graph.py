@@ -1,6 +1,6 @@
 """The one graph IR every pass reads: operators over statically shaped tensors.
 
-Built once by `roam_cli.onnx_import`; never mutated afterwards. Node indices are positions in
+Built once by `roam_cli.frontend.onnx_import`; never mutated afterwards. Node indices are positions in
 `nodes` (the model's file order, made topological)."""
 
 import heapq

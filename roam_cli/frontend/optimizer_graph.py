@@ -24,8 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from roam_cli.errors import RoamError
-from roam_cli.memory import INPLACE_KEY
+from roam_cli.core.errors import RoamError
+from roam_cli.core.memory import INPLACE_KEY
 
 ACCUMULATORS = {("com.microsoft", "InPlaceAccumulatorV2"), ("com.microsoft", "InPlaceAccumulator")}
 # Ops that write new running statistics: output index -> the input holding the old value.

@@ -11,11 +11,12 @@ plan stays as small as before, and the curve is exact for any plan, old or new."
 import io
 from pathlib import Path
 
-from roam_cli import memory, order, pair
-from roam_cli.errors import RoamError
-from roam_cli.fileio import write_atomic
-from roam_cli.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
-from roam_cli.units import format_bytes
+from roam_cli import order, pair
+from roam_cli.core import memory
+from roam_cli.core.errors import RoamError
+from roam_cli.core.fileio import write_atomic
+from roam_cli.core.units import format_bytes
+from roam_cli.outputs.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
 
 FORMATS = ("png", "svg")
 CLASS_COLORS = {"activation": "#4e79a7", "gradient": "#f28e2c", "update_temp": "#59a14f"}

@@ -8,11 +8,11 @@ from typing import NamedTuple
 import onnx
 import onnxruntime as ort
 
-from roam_cli.annotate import set_meta
-from roam_cli.errors import RoamError, first_line
-from roam_cli.memory import RECOMPUTE_KEY
-from roam_cli.onnx_import import external_data_files, load_model
-from roam_cli.runtime.providers import PROVIDERS, check_device, check_started
+from roam_cli.core.annotate import set_meta
+from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.memory import RECOMPUTE_KEY
+from roam_cli.frontend.onnx_import import external_data_files, load_model
+from roam_cli.frontend.providers import PROVIDERS, check_device, check_started
 
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}

@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from roam_cli import pair
-from roam_cli.units import format_bytes
+from roam_cli.core.units import format_bytes
 
 
 def live_curve(spans: Iterable[tuple[int, int, int]], steps: int) -> list[int]:

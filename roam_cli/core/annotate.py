@@ -8,8 +8,8 @@ from pathlib import Path
 import onnx
 from onnx import helper
 
-from roam_cli.fileio import write_atomic
-from roam_cli.graph import Graph
+from roam_cli.core.fileio import write_atomic
+from roam_cli.core.graph import Graph
 
 
 def plan_digest(plan: dict) -> str:

@@ -2,7 +2,7 @@
 (HiGHS's cut separation checks neither its time limit nor its interrupt callback for a minute
 on some ordering models). Run by `milp.solve_with_highs`, which reads SOLUTION back:
 
-    python -m roam_cli.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
+    python -m roam_cli.solvers.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
 
 START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
 "feasible" on its first line and the column values after, or "none" when HiGHS stopped (time

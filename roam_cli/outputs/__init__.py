@@ -1,0 +1,1 @@
+"""What a plan is shown as: the report, the plots, and the exports to other tools' formats."""
