@@ -51,8 +51,10 @@ def test_columns_in_any_order(tmp_path):
     ("id,lower,upper,size\na,0,9223372036854775808,4\n", "bad.csv:2: upper 9223372036854775808 for buffer 'a' is over"),
     ("id,lower,upper,size\na,-1,2,4\n", "bad.csv:2: negative lower -1 for buffer 'a'"),
     ("id,lower,upper,size\na,0,2,4e3\n", "bad.csv:2: size is not an integer: '4e3'"),
-    ("id,lower,upper,size\na,0,2," + "9" * 5000 + "\n", "bad.csv:2: size is not an integer: '" + "9" * 40 + "'"),
-    ("id,lower,upper,size\n" + "a" * 200_000 + ",0,2,4\n", "bad.csv:2: field larger than field limit"),
+    pytest.param("id,lower,upper,size\na,0,2," + "9" * 5000 + "\n", "bad.csv:2: size is not an integer: '" + "9" * 40 + "'",
+                 id="5000 digits"),
+    pytest.param("id,lower,upper,size\n" + "a" * 200_000 + ",0,2,4\n", "bad.csv:2: field larger than field limit",
+                 id="a 200,000-character id"),
     (b"id,lower,upper,size\na,0,2,4\nb\xe9,0,2,4\n", "bad.csv:3: not UTF-8 text (byte 0xe9 at offset 29)"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, text, message):
