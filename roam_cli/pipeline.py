@@ -12,7 +12,7 @@ from roam_cli import layout, order, recompute
 from roam_cli.core import annotate, memory, plan as plan_io
 from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
-from roam_cli.frontend.onnx_import import Imported, check_dims, external_data_files, import_model, load_model
+from roam_cli.frontend.onnx_import import Imported, external_data_files, import_model, load_model
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -56,7 +56,6 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_
     it, written to `ort_model` (see scratch()), and plan the model as written too, for the
     comparison in stats.ort_optimization. Each of the two plans gets half of the time limit."""
     say = progress or (lambda message: None)
-    check_dims(model_path, options.dims, "--dim")
     if options.ort_optimized is None:
         result = plan_graph(model_path, plan_path, options, say)
         result.plan["source_model"] = dict(result.plan["model"])

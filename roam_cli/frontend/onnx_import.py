@@ -51,21 +51,12 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
     return model, hashlib.sha256(data).hexdigest()
 
 
-def symbolic_dims(model: onnx.ModelProto) -> set[str]:
-    """Names of the symbolic dimensions of the model's inputs: what `--dim NAME=N` binds."""
-    init = {t.name for t in model.graph.initializer}
-    return {d.dim_param for vi in model.graph.input if vi.name not in init and vi.type.HasField("tensor_type")
-            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
-
-
 def check_dims(path: str | os.PathLike, names, option: str) -> None:
-    """Refuse a dimension name given with `option` that no input of the model at `path` has: a
-    misspelt --dim would otherwise be ignored and the model planned at another size."""
-    available = symbolic_dims(load_model(path)[0])
+    """Refuse a dimension name given with `option` that no input of the model at `path` has."""
+    available = shapes.symbolic_dims(load_model(path)[0])
     unknown = next((name for name in names if name not in available), None)
     if unknown is not None:
-        raise RoamError(f"{option} {unknown}: no input of {path} has a symbolic dimension {unknown!r} "
-                        f"(its symbolic dimensions: {', '.join(sorted(available)) or 'none'})")
+        raise shapes.unknown_dim(option, unknown, available)
 
 
 def name_nodes(graph: onnx.GraphProto) -> int:
