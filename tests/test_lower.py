@@ -58,7 +58,7 @@ def check(model: onnx.ModelProto, feeds: dict, rtol=1e-5, atol=1e-6) -> onnx.Mod
 
 
 def f32(*shape, scale=1.0):
-    return (rng.standard_normal(shape) * scale).astype(np.float32)
+    return np.asarray(rng.standard_normal(shape) * scale, dtype=np.float32)
 
 
 
@@ -95,3 +95,98 @@ def test_softmax_grad_13(axis):
     y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
     feeds = {"dY": f32(3, 4, 5), "Y": y.astype(np.float32)}
     check(single("SoftmaxGrad_13", feeds, ["out"], axis=axis), feeds)
+
+
+# --- losses ------------------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore", [None, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", [(6, 5), (3, 5, 4)])
+def test_softmax_cross_entropy_loss_grad(reduction, ignore, weighted, shape):
+    logits = f32(*shape)
+    log_prob = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
+    label = rng.integers(0, shape[1], (shape[0], *shape[2:])).astype(np.int64)
+    label.flat[0] = 2  # at least one ignored label where ignore_index is 2
+    dy = f32(*label.shape) if reduction == "none" else f32()
+    feeds = {"dY": dy, "log_prob": log_prob, "label": label}
+    if weighted:
+        feeds["weight"] = np.abs(f32(shape[1])) + 0.1
+    attrs = {"reduction": reduction} if ignore is None else {"reduction": reduction, "ignore_index": ignore}
+    check(single("SoftmaxCrossEntropyLossGrad", feeds, ["d_logits"],
+                 out_types={"d_logits": (TensorProto.FLOAT, shape)}, **attrs), feeds)
+
+
+# --- normalisations ----------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((2, 3, 8), -1), ((2, 3, 4), 1)])
+def test_layer_normalization_grad(shape, axis):
+    x, axis_ = f32(*shape), axis % len(shape)
+    axes = tuple(range(axis_, len(shape)))
+    mean = x.mean(axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(x.var(axis=axes, keepdims=True) + 1e-5)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(*shape[axis_:]), "mean": mean.astype(np.float32),
+             "inv": inv.astype(np.float32)}
+    pshape = shape[axis_:]
+    check(single("LayerNormalizationGrad", feeds, ["dX", "dscale", "dbias"], axis=axis, epsilon=1e-5,
+                 out_types={"dscale": (TensorProto.FLOAT, pshape), "dbias": (TensorProto.FLOAT, pshape)}), feeds,
+          rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("shape", [(4, 6), (2, 3, 8)])
+def test_simplified_layer_normalization_and_grad(shape):
+    x = f32(*shape)
+    feeds = {"X": x, "scale": f32(shape[-1])}
+    check(single("SimplifiedLayerNormalization", feeds, ["Y", "inv"], domain="", axis=-1, epsilon=1e-5,
+                 out_types={"inv": (TensorProto.FLOAT, (*shape[:-1], 1))}), feeds)
+    inv = (1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5)).astype(np.float32)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(shape[-1]), "inv": inv}
+    check(single("SimplifiedLayerNormalizationGrad", feeds, ["dX", "dscale"], axis=-1, epsilon=1e-5,
+                 out_types={"dscale": (TensorProto.FLOAT, shape[-1:])}), feeds, rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 3, 6)])
+def test_batch_norm_training_forms_and_grad(shape):
+    c = shape[1]
+    x = f32(*shape)
+    feeds = {"X": x, "scale": f32(c), "B": f32(c), "mean": f32(c), "var": np.abs(f32(c)) + 0.5}
+    vec = (TensorProto.FLOAT, (c,))
+    check(single("BatchNormInternal", feeds, ["Y", "rm", "rv", "sm", "sinv"], epsilon=1e-5, momentum=0.9,
+                 out_types={"rm": vec, "rv": vec, "sm": vec, "sinv": vec}), feeds, rtol=1e-4, atol=1e-5)
+    check(single("BatchNormalization", feeds, ["Y", "rm", "rv"], domain="", epsilon=1e-5, momentum=0.9,
+                 training_mode=1, out_types={"rm": vec, "rv": vec}), feeds, rtol=1e-4, atol=1e-5)
+    axes = (0, *range(2, len(shape)))
+    mean = x.mean(axis=axes)
+    inv = (1 / np.sqrt(x.var(axis=axes) + 1e-5)).astype(np.float32)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(c), "mean": mean.astype(np.float32), "inv": inv}
+    check(single("BatchNormalizationGrad", feeds, ["dX", "dscale", "dbias"], epsilon=1e-5,
+                 out_types={"dscale": vec, "dbias": vec}), feeds, rtol=1e-4, atol=1e-5)
+
+
+# --- products and the gradients of Gather, Conv, MaxPool --------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("a,b,attrs", [
+    ((5, 4), (4, 3), {}), ((4, 5), (4, 3), {"transA": 1}), ((5, 4), (3, 4), {"transB": 1, "alpha": 0.5}),
+    ((4, 5), (3, 4), {"transA": 1, "transB": 1}), ((2, 5, 4), (3, 4), {"transB": 1}),
+    ((2, 4, 5), (4, 3), {"transA": 1, "alpha": 2.0}), ((2, 3, 5, 4), (2, 3, 4, 6), {}),
+    ((2, 3, 4, 5), (3, 6, 4), {"transA": 1, "transB": 1}), ((5, 2, 4), (2, 4, 3), {"transBatchA": 1}),
+    ((2, 5, 4), (4, 2, 3), {"transBatchB": 1}), ((4, 2, 5), (3, 2, 4), {"transBatchA": 1, "transA": 1,
+                                                                          "transBatchB": 1, "transB": 1})])
+def test_fused_matmul(a, b, attrs):
+    feeds = {"A": f32(*a), "B": f32(*b)}
+
+    def layout(x, batch, last_two):
+        if batch:
+            x = np.moveaxis(x, 0, -2)
+        return np.swapaxes(x, -1, -2) if last_two else x
+
+    want = attrs.get("alpha", 1.0) * (layout(feeds["A"], attrs.get("transBatchA"), attrs.get("transA"))
+                                      @ layout(feeds["B"], attrs.get("transBatchB"), attrs.get("transB")))
+    m = single("FusedMatMul", feeds, ["Y"], out_types={"Y": (TensorProto.FLOAT, want.shape)}, **attrs)
+    check(m, feeds)
+    np.testing.assert_allclose(run(lower_model(m), feeds)["Y"], want, rtol=1e-5, atol=1e-6)
