@@ -190,3 +190,115 @@ def test_fused_matmul(a, b, attrs):
     m = single("FusedMatMul", feeds, ["Y"], out_types={"Y": (TensorProto.FLOAT, want.shape)}, **attrs)
     check(m, feeds)
     np.testing.assert_allclose(run(lower_model(m), feeds)["Y"], want, rtol=1e-5, atol=1e-6)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("axis,data,idx", [(0, (7, 4), (2, 3)), (0, (6,), (5,)), (1, (3, 6, 2), (4,)), (2, (2, 3, 5), (2, 2))])
+def test_gather_grad(axis, data, idx):
+    indices = rng.integers(0, data[axis], idx).astype(np.int64)
+    indices.flat[-1] = indices.flat[0]  # a repeated index adds up
+    dy_shape = (*data[:axis], *idx, *data[axis + 1:])
+    feeds = {"shape": np.array(data, dtype=np.int64), "indices": indices, "dY": f32(*dy_shape)}
+    check(single("GatherGrad", feeds, ["dX"], axis=axis, out_types={"dX": (TensorProto.FLOAT, data)}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("x,w,attrs", [
+    ((2, 3, 7, 7), (4, 3, 3, 3), {}),
+    ((2, 4, 8, 8), (6, 4, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 9, 8), (4, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]}),
+    ((1, 3, 6, 6), (5, 3, 1, 1), {"strides": [2, 2]}),
+    ((2, 3, 10), (4, 3, 3), {"strides": [3], "pads": [1, 1]})])
+def test_conv_grad(x, w, attrs):
+    spatial = len(x) - 2
+    s, d = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
+    p = attrs.get("pads", [0] * 2 * spatial)
+    out = [(x[2 + k] + p[k] + p[k + spatial] - d[k] * (w[2 + k] - 1) - 1) // s[k] + 1 for k in range(spatial)]
+    feeds = {"dY": f32(x[0], w[0], *out), "X": f32(*x), "W": f32(*w)}
+    check(single("ConvGrad", feeds, ["dX", "dW", "dB"], kernel_shape=list(w[2:]), **attrs,
+                 out_types={"dX": (TensorProto.FLOAT, x), "dW": (TensorProto.FLOAT, w),
+                            "dB": (TensorProto.FLOAT, w[:1])}), feeds, rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}])
+def test_max_pool_grad(attrs):
+    """MaxPoolGrad of a real MaxPool's indices: the model runs MaxPool, then the gradient."""
+    x = f32(2, 3, 8, 8)
+    pool = helper.make_node("MaxPool", ["X"], ["Y", "I"], name="pool", **attrs)
+    grad = helper.make_node("MaxPoolGrad", ["dY", "I"], ["dX"], name="fused", **attrs)  # ORT: default domain
+    out = (8 + sum(attrs.get("pads", [0, 0, 0, 0])[::2]) - attrs["kernel_shape"][0]) // 2 + 1
+    graph = helper.make_graph([pool, grad], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x.shape),
+                                                  helper.make_tensor_value_info("dY", TensorProto.FLOAT, (2, 3, out, out))],
+                              [helper.make_tensor_value_info("dX", TensorProto.FLOAT, x.shape)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    feeds = {"X": x, "dY": f32(2, 3, out, out)}
+    check(m, feeds)
+
+
+# --- training utilities ------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("overwrite", [None, False, True])
+@pytest.mark.parametrize("buffer_out", [False, True])
+def test_in_place_accumulator_v2(overwrite, buffer_out):
+    """The fused op writes into its input; the lowered one returns the new buffer as graph output
+    `<buffer>.out` (or its own buffer_out), declared in place over the buffer."""
+    feeds = {"buffer": f32(3, 4), "value": f32(3, 4)}
+    if overwrite is not None:
+        feeds["overwrite"] = np.array([overwrite])
+    outputs = ["flag", "buffer_new"] if buffer_out else ["flag"]
+    m = single("InPlaceAccumulatorV2", feeds, outputs,
+               out_types={"flag": (TensorProto.BOOL, [1]), "buffer_new": (TensorProto.FLOAT, [3, 4])})
+    lowered = check(m, feeds)
+    new = "buffer_new" if buffer_out else "buffer.out"
+    assert [o.name for o in lowered.graph.output] == outputs + ([] if buffer_out else ["buffer.out"])
+    meta = {p.key: p.value for p in lowered.metadata_props}
+    assert json.loads(meta["roam.inplace"]) == {new: "buffer"}
+    want = feeds["value"] if overwrite else feeds["buffer"] + feeds["value"]
+    np.testing.assert_allclose(run(lowered, feeds)[new], want, rtol=1e-6)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("ratio", [None, 0.0, 0.25, "input"])
+@pytest.mark.parametrize("training", [None, True, False])
+def test_dropout_grad(ratio, training):
+    mask = rng.random((4, 5)) > 0.3
+    feeds = {"dY": f32(4, 5), "mask": mask}
+    constants = {}
+    if ratio == "input":
+        feeds["ratio"] = np.array(0.3, dtype=np.float32)
+    elif ratio is not None or training is not None:
+        constants["ratio"] = np.array(0.5 if ratio is None else ratio, dtype=np.float32)
+    if training is not None:
+        constants["training_mode"] = np.array(training)
+    check(single("DropoutGrad", feeds, ["dX"], constants=constants), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat_training(axis):
+    feeds = {"a": f32(2, 3, 4), "b": f32(2, 3, 4), "c": f32(2, 3, 4)}
+    feeds["b"] = f32(*[5 if k == axis % 3 else n for k, n in enumerate((2, 3, 4))])
+    shape = [sum(v.shape[axis] for v in feeds.values()) if k == axis % 3 else n for k, n in enumerate((2, 3, 4))]
+    check(single("ConcatTraining", feeds, ["y", "lengths"], axis=axis,
+                 out_types={"y": (TensorProto.FLOAT, shape), "lengths": (TensorProto.INT64, [3])}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("sizes", [[1, 4, 1], [2, 2, 2]])
+def test_split_training(sizes):
+    feeds = {"x": f32(3, 6)}
+    constants = {"split": np.array(sizes, dtype=np.int64)}
+    parts = sizes
+    check(single("SplitTraining", feeds, ["a", "b", "c"], constants=constants, axis=1,
+                 out_types={k: (TensorProto.FLOAT, [3, n]) for k, n in zip("abc", parts)}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("down", [0, 1])
+def test_scale(down):
+    feeds = {"x": f32(3, 4), "s": np.array(4.0, dtype=np.float32)}
+    check(single("Scale", feeds, ["y"], scale_down=down), feeds)

@@ -20,17 +20,18 @@ def in_place_accumulator_v2(e):
 
 
 def dropout_grad(e):
-    """dX = dY * mask / (1 - ratio); ratio 0.5 when absent, dX = dY when training_mode is false.
-    A constant ratio folds into one scale constant."""
-    dy, mask, ratio, training = e.input(0), e.input(1), e.input(2), e.input(3)
-    if training and e.ctx.constant_value(training) is not None and not e.ctx.constant_value(training).any():
-        e.op("Identity", dy, out=e.output(0))
-        return
+    """dX = dY * mask / (1 - ratio), ratio 0.5 when absent; as ONNX Runtime's kernel, the mask is
+    not read when the ratio is 0, and training_mode is not read. A constant ratio folds into one
+    scale constant."""
+    dy, mask, ratio = e.input(0), e.input(1), e.input(2)
     r = 0.5 if ratio is None else e.ctx.constant_value(ratio)
     if r is None:  # computed at run time
         scale = e.op("Div", e.const(1.0, dy), e.op("Sub", e.const(1.0, dy), e.op("CastLike", ratio, dy)))
         dy = e.op("Mul", dy, scale)
-    elif float(r) != 0.0:
+    elif float(r) == 0.0:
+        e.op("Identity", dy, out=e.output(0))
+        return
+    else:
         dy = e.op("Mul", dy, e.const(1.0 / (1.0 - float(r)), dy))
     e.op("Where", mask, dy, e.const(0.0, dy), out=e.output(0))
 
