@@ -1,7 +1,9 @@
 """Lowering ONNX Runtime's fused training ops to standard ONNX: every rule against the fused op,
 run side by side in onnxruntime-training on random shapes; the lowered sample graph; `roam lower`."""
 
+import hashlib
 import json
+import subprocess
 
 import numpy as np
 import onnx
@@ -302,3 +304,104 @@ def test_split_training(sizes):
 def test_scale(down):
     feeds = {"x": f32(3, 4), "s": np.array(4.0, dtype=np.float32)}
     check(single("Scale", feeds, ["y"], scale_down=down), feeds)
+
+
+# --- the sample graph, end to end --------------------------------------------------------------
+
+def sample_without_dropout() -> onnx.ModelProto:
+    """The sample with every Dropout ratio 0, so both forms compute the same numbers."""
+    m = onnx.load(str(SAMPLE))
+    ratios = {n.input[1] for n in m.graph.node if n.op_type == "Dropout" and len(n.input) > 1}
+    for t in m.graph.initializer:
+        if t.name in ratios:
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+    return m
+
+
+def sample_feeds(m: onnx.ModelProto, reset: bool) -> dict:
+    feeds = {}
+    for vi in m.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name in ("input_ids", "labels"):
+            feeds[vi.name] = rng.integers(0, 50, shape).astype(np.int64)
+        elif vi.name == "lazy_reset_grad":
+            feeds[vi.name] = np.array([reset])
+        else:
+            feeds[vi.name] = f32(*shape, scale=0.1)
+    feeds["labels"][0, :3] = -100  # ignored positions
+    return feeds
+
+
+def test_lowered_sample_is_standard_onnx():
+    lowered = lower_model(onnx.load(str(SAMPLE)))
+    assert nonstandard_nodes(onnx.load(str(SAMPLE))) and nonstandard_nodes(lowered) == []
+    onnx.checker.check_model(lowered, full_check=True)
+    fused = onnx.load(str(SAMPLE))
+    kept = [o.name for o in fused.graph.output]
+    assert [i.name for i in lowered.graph.input] == [i.name for i in fused.graph.input]
+    assert [o.name for o in lowered.graph.output][: len(kept)] == kept
+    buffers = [i.name for i in fused.graph.input if i.name.endswith(".accumulation.buffer")]
+    assert [o.name for o in lowered.graph.output][len(kept):] == [f"{b}.out" for b in buffers]
+
+
+@needs_ort_training
+@pytest.mark.parametrize("reset", [False, True])
+def test_lowered_sample_computes_what_the_fused_one_does(reset):
+    """Loss and every accumulated gradient; the fused graph's accumulators write into their
+    buffers, exposed here as the same `<buffer>.out` outputs."""
+    fused = sample_without_dropout()
+    lowered = lower_model(fused)
+    for n in fused.graph.node:
+        if n.op_type == "InPlaceAccumulatorV2":
+            n.output.append(f"{n.input[0]}.out")
+    fused.graph.output.extend(o for o in lowered.graph.output if o.name.endswith(".buffer.out"))
+    feeds = sample_feeds(fused, reset)
+    want, got = run(fused, feeds), run(lowered, feeds)
+    assert set(want) == set(got) and len(got) == 57
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.skipif(not ORT131.exists(), reason=f"no environment with today's onnxruntime at {ORT131}")
+def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
+    lowered = tmp_path / "lowered.onnx"
+    assert roam("lower", SAMPLE, "-o", lowered).code == 0
+    script = (
+        "import sys, numpy as np, onnxruntime as ort\n"
+        "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+        "feeds = {}\n"
+        "for i in s.get_inputs():\n"
+        "    t = {'tensor(float)': np.float32, 'tensor(int64)': np.int64, 'tensor(bool)': np.bool_}[i.type]\n"
+        "    feeds[i.name] = np.full(i.shape, 0.01 if t is np.float32 else 0, t)\n"
+        "out = s.run(None, feeds)\n"
+        "print(ort.__version__, len(out), float(out[0]))\n")
+    proc = subprocess.run([str(ORT131), "-c", script, str(lowered)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version, outputs, loss = proc.stdout.split()
+    assert version.startswith("1.") and int(outputs) == 57 and np.isfinite(float(loss))
+
+
+# --- roam lower --------------------------------------------------------------------------------
+
+def test_cli_lower_writes_a_standard_model_recording_its_source(tmp_path):
+    out = tmp_path / "lowered.onnx"
+    r = roam("lower", SAMPLE, "-o", out, "--json")
+    assert r.code == 0, r.err
+    summary = r.json()
+    assert summary["rewritten"]["InPlaceAccumulatorV2"] == 28 and summary["nonstandard_after"] == 0
+    lowered = onnx.load(str(out))
+    meta = {p.key: json.loads(p.value) for p in lowered.metadata_props if p.key == "roam.lowered_from"}
+    assert (tmp_path / meta["roam.lowered_from"]["path"]).resolve() == SAMPLE.resolve()
+    assert meta["roam.lowered_from"]["sha256"] == hashlib.sha256(SAMPLE.read_bytes()).hexdigest()
+
+
+def test_cli_lower_refuses_an_op_without_a_rule(tmp_path):
+    feeds = {"x": f32(2, 3)}
+    src = tmp_path / "m.onnx"
+    onnx.save(single("NoSuchFusedOp", feeds, ["y"]), str(src))
+    out = tmp_path / "out.onnx"
+    r = roam("lower", src, "-o", out)
+    assert r.code == 2 and not out.exists()
+    assert len(r.err.strip().splitlines()) == 1 and "NoSuchFusedOp" in r.err and "'fused'" in r.err
+    with pytest.raises(RoamError, match="NoSuchFusedOp node 'fused'"):
+        lower_model(onnx.load(str(src)))

@@ -10,18 +10,23 @@ into the state's own buffer. Nothing reads a weight: external data stays where i
 from __future__ import annotations
 
 import json
+import os
 from collections import Counter
+from pathlib import Path
 
 import onnx
 from onnx import helper
 
 from roam_cli.core.errors import RoamError
+from roam_cli.core.fileio import write_atomic
 from roam_cli.core.memory import INPLACE_KEY
 from roam_cli.lower import activations, grads, losses, norms, optimizers, training
 from roam_cli.lower.emit import Emit, Lowering
 
 RULES = {**losses.RULES, **norms.RULES, **activations.RULES, **grads.RULES, **training.RULES, **optimizers.RULES}
 STANDARD_DOMAINS = ("", "ai.onnx")
+# metadata_props key of a lowered model: {"path": source relative to the model's folder, "sha256"}
+LOWERED_FROM_KEY = "roam.lowered_from"
 # The default-domain opset a lowered model declares at least: Gelu (20) is the newest op a rule
 # writes, and onnxruntime 1.19 and later run it.
 MIN_OPSET = 20
@@ -125,3 +130,20 @@ def summary(before: onnx.ModelProto, after: onnx.ModelProto) -> dict:
     rewritten = Counter(n.op_type for n in nonstandard_nodes(before))
     return {"nodes_before": len(before.graph.node), "nodes_after": len(after.graph.node),
             "rewritten": dict(sorted(rewritten.items())), "nonstandard_after": len(nonstandard_nodes(after))}
+
+
+def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path) -> None:
+    """Write the lowered model atomically, recording its source; external weights stay where
+    they are, referenced from the output's folder."""
+    def relative(target: Path) -> str:
+        return Path(os.path.relpath(target.resolve(), out.resolve().parent)).as_posix()
+
+    for init in lowered.graph.initializer:
+        for kv in init.external_data:
+            if kv.key == "location":
+                kv.value = relative(source.parent / kv.value)
+    meta = [p for p in lowered.metadata_props if p.key != LOWERED_FROM_KEY]
+    del lowered.metadata_props[:]
+    lowered.metadata_props.extend(meta)
+    lowered.metadata_props.add(key=LOWERED_FROM_KEY, value=json.dumps({"path": relative(source), "sha256": sha256}))
+    write_atomic(out, lowered.SerializeToString())
