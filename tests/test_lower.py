@@ -45,7 +45,8 @@ def run(model: onnx.ModelProto, feeds: dict) -> dict:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: v.copy() for k, v in feeds.items()})))
+    copies = {k: [x.copy() for x in v] if isinstance(v, list) else v.copy() for k, v in feeds.items()}
+    return dict(zip(names, sess.run(None, copies)))  # (the fused ops write into their inputs)
 
 
 def check(model: onnx.ModelProto, feeds: dict, rtol=1e-5, atol=1e-6) -> onnx.ModelProto:
@@ -405,3 +406,53 @@ def test_cli_lower_refuses_an_op_without_a_rule(tmp_path):
     assert len(r.err.strip().splitlines()) == 1 and "NoSuchFusedOp" in r.err and "'fused'" in r.err
     with pytest.raises(RoamError, match="NoSuchFusedOp node 'fused'"):
         lower_model(onnx.load(str(src)))
+
+
+# --- optimizers --------------------------------------------------------------------------------
+
+def optimizer_model(op: str, outputs: list[str], **attrs) -> onnx.ModelProto:
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    states = ["weights", "gradients", "m1", "m2"] if op == "AdamWOptimizer" else ["weights", "gradients"]
+    scalars = [helper.make_tensor_value_info("lr", TensorProto.FLOAT, [1])]
+    if op == "AdamWOptimizer":
+        scalars.append(helper.make_tensor_value_info("step", TensorProto.INT64, [1]))
+    node = helper.make_node(op, [v.name for v in scalars] + states, outputs, name="fused", domain=MS, **attrs)
+    outs = [helper.make_tensor_value_info(outputs[0], TensorProto.BOOL, [1])]
+    outs += [helper.make_value_info(o, seq) for o in outputs[1:]]
+    graph = helper.make_graph([node], "g", scalars + [helper.make_value_info(s, seq) for s in states], outs)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    return m
+
+
+@needs_ort_training
+@pytest.mark.parametrize("op,attrs", [
+    ("AdamWOptimizer", {"adam_mode": 1, "correct_bias": 1, "weight_decay": 0.0, "epsilon": 1e-6}),
+    ("AdamWOptimizer", {"adam_mode": 1, "weight_decay": 0.1}),
+    ("AdamWOptimizer", {"adam_mode": 0, "weight_decay": 0.1, "alpha": 0.8, "beta": 0.99}),
+    ("AdamWOptimizer", {"adam_mode": 1, "correct_bias": 0}),
+    ("SGDOptimizerV2", {})])
+def test_optimizers(op, attrs):
+    """With the new sequences as the node's outputs, and without (ORT's artifacts form: updated
+    in place; lowered: graph outputs `<sequence>.out`, declared in place)."""
+    shapes = [(3, 4), (5,), (2, 2, 3)]
+    feeds = {"lr": np.array([0.01], np.float32), "weights": [f32(*s) for s in shapes],
+             "gradients": [f32(*s) for s in shapes]}
+    if op == "AdamWOptimizer":
+        feeds.update(step=np.array([3], np.int64), m1=[f32(*s) for s in shapes],
+                     m2=[np.abs(f32(*s)) for s in shapes])
+    states = ["weights", "m1", "m2"] if op == "AdamWOptimizer" else ["weights"]
+    named = optimizer_model(op, ["flag"] + [f"{s}.new" for s in states], **attrs)
+    want = run(named, feeds)
+    for model, suffix in ((named, ".new"), (optimizer_model(op, ["flag"], **attrs), ".out")):
+        lowered = lower_model(model)
+        assert nonstandard_nodes(lowered) == []
+        onnx.checker.check_model(lowered, full_check=True)
+        got = run(lowered, feeds)
+        assert bool(got["flag"][0])
+        for s in states:
+            for a, b in zip(got[s + suffix], want[s + ".new"], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        if suffix == ".out":
+            meta = {p.key: json.loads(p.value) for p in lowered.metadata_props}
+            assert meta["roam.inplace"] == {f"{s}.out": s for s in states}
