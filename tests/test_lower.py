@@ -456,3 +456,21 @@ def test_optimizers(op, attrs):
         if suffix == ".out":
             meta = {p.key: json.loads(p.value) for p in lowered.metadata_props}
             assert meta["roam.inplace"] == {f"{s}.out": s for s in states}
+
+
+def test_plan_of_a_lowered_model_carries_the_fused_plan(tmp_path):
+    """optimize plans the fused source too (when it is there, unchanged); report shows both; on
+    the sample, lowering costs no memory."""
+    src = tmp_path / "fused.onnx"
+    src.write_bytes(SAMPLE.read_bytes())
+    assert roam("lower", src, "-o", tmp_path / "lowered.onnx").code == 0
+    assert roam("optimize", tmp_path / "lowered.onnx", "-o", tmp_path / "plan.json").code == 0
+    r = roam("report", tmp_path / "plan.json", "--json")
+    lowering = r.json()["lowering"]
+    assert lowering["fused_model"]["path"] == "fused.onnx"
+    assert lowering["fused"]["nodes"] == 229 and lowering["lowered"]["nodes"] > 229
+    assert lowering["lowered"]["arena_bytes"] <= 1.02 * lowering["fused"]["arena_bytes"]
+    assert "lowered from fused.onnx: 229 →" in roam("report", tmp_path / "plan.json").out
+    src.write_bytes(SAMPLE.read_bytes() + b"\0")  # the source changed: no baseline
+    assert roam("optimize", tmp_path / "lowered.onnx", "-o", tmp_path / "plan2.json").code == 0
+    assert "lowering" not in json.loads((tmp_path / "plan2.json").read_text())["stats"]
