@@ -474,3 +474,18 @@ def test_plan_of_a_lowered_model_carries_the_fused_plan(tmp_path):
     src.write_bytes(SAMPLE.read_bytes() + b"\0")  # the source changed: no baseline
     assert roam("optimize", tmp_path / "lowered.onnx", "-o", tmp_path / "plan2.json").code == 0
     assert "lowering" not in json.loads((tmp_path / "plan2.json").read_text())["stats"]
+
+
+def test_memory_model_updates_the_lowered_accumulators_in_place(tmp_path):
+    """Each `<buffer>.out` shares its buffer's storage: the lowered accumulators add no transient
+    bytes beyond the fused ones' (only the overwrite branch's one sum lives one step)."""
+    from roam_cli.core import memory
+    from roam_cli.frontend.onnx_import import import_model
+
+    onnx.save(lower_model(onnx.load(str(SAMPLE))), str(tmp_path / "lowered.onnx"))
+    mm = memory.build(import_model(tmp_path / "lowered.onnx", {}).graph)
+    buffers = [n for n in mm.persistent if n.endswith(".accumulation.buffer")]
+    assert len(buffers) == 28
+    for b in buffers:
+        assert mm.storage_of[f"{b}.out"] == b and mm.alias[f"{b}.out"] == "inplace"
+    assert not any(s.root.endswith(".buffer.out") for s in mm.storages)
