@@ -489,3 +489,17 @@ def test_memory_model_updates_the_lowered_accumulators_in_place(tmp_path):
     for b in buffers:
         assert mm.storage_of[f"{b}.out"] == b and mm.alias[f"{b}.out"] == "inplace"
     assert not any(s.root.endswith(".buffer.out") for s in mm.storages)
+
+
+@needs_ort_training
+def test_a_model_below_opset_18_is_converted_first():
+    """Opset 17: ReduceMean's axes are an attribute there, an input from 18 on."""
+    x = f32(2, 3, 4)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("FastGelu", ["m"], ["y"], name="fused", domain=MS)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3, 1))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    lowered = check(m, {"x": x})
+    assert [(i.domain, i.version) for i in lowered.opset_import] == [("", 20)]

@@ -15,9 +15,9 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
-from onnx import helper
+from onnx import helper, version_converter
 
-from roam_cli.core.errors import RoamError
+from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.fileio import write_atomic
 from roam_cli.core.memory import INPLACE_KEY
 from roam_cli.lower import activations, grads, losses, norms, optimizers, training
@@ -61,9 +61,8 @@ def lower_model(model: onnx.ModelProto) -> onnx.ModelProto:
         if rule_for(n) is None:
             raise RoamError(f"cannot lower {n.op_type} node {n.name!r} (domain {n.domain or 'ai.onnx'!r}): "
                             "no rule for this op")
-    check_opset(model)
     out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out.CopyFrom(at_opset_18(model))
     named = name_nodes(out.graph)
     ctx = Lowering(out)
     nodes = []
@@ -102,13 +101,17 @@ def name_nodes(g: onnx.GraphProto) -> list[onnx.NodeProto]:
     return list(g.node)
 
 
-def check_opset(model: onnx.ModelProto) -> None:
-    """The rules write opset-18 forms (Reduce* axes as inputs); raising an older model to 18
-    would change its own nodes, which is onnx.version_converter's job, not lowering's."""
-    for imp in model.opset_import:
-        if imp.domain in STANDARD_DOMAINS and imp.version < 18:
-            raise RoamError(f"the model imports ONNX opset {imp.version}; lowering needs opset 18 or later "
-                            "(onnx.version_converter.convert_version converts it)")
+def at_opset_18(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model itself when it imports ONNX opset 18 or later, else converted to 18 by
+    onnx.version_converter: the rules write opset-18 forms (Reduce* axes as inputs)."""
+    version = next((imp.version for imp in model.opset_import if imp.domain in STANDARD_DOMAINS), 1)
+    if version >= 18:
+        return model
+    try:
+        return version_converter.convert_version(model, 18)
+    except Exception as e:  # the converter raises bare RuntimeErrors and others
+        raise RoamError(f"cannot convert the model from ONNX opset {version} to 18 for lowering: "
+                        f"{first_line(e)}") from None
 
 
 def set_opsets(model: onnx.ModelProto) -> None:
