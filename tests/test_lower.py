@@ -92,12 +92,17 @@ def test_quick_gelu_alpha(op):
 
 
 @needs_ort_training
-@pytest.mark.parametrize("axis", [-1, 1, 0])
-def test_softmax_grad_13(axis):
+@pytest.mark.parametrize("op", ["SoftmaxGrad_13", "LogSoftmaxGrad_13", "SoftmaxGrad", "LogSoftmaxGrad"])
+@pytest.mark.parametrize("axis", [-1, 1, 0, None])
+def test_softmax_grads(op, axis):
+    """Y is the forward's output; the pre-13 ops normalise over every axis from `axis` on."""
     x = f32(3, 4, 5)
-    y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
-    feeds = {"dY": f32(3, 4, 5), "Y": y.astype(np.float32)}
-    check(single("SoftmaxGrad_13", feeds, ["out"], axis=axis), feeds)
+    coerced = not op.endswith("_13")
+    a = (1 if coerced else -1) if axis is None else axis
+    axes = tuple(range(a % 3, 3)) if coerced else a
+    y = x - np.log(np.exp(x).sum(axis=axes, keepdims=True))
+    feeds = {"dY": f32(3, 4, 5), "Y": (y if op.startswith("Log") else np.exp(y)).astype(np.float32)}
+    check(single(op, feeds, ["out"], **({} if axis is None else {"axis": axis})), feeds)
 
 
 # --- losses ------------------------------------------------------------------------------------
