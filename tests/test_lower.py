@@ -494,6 +494,8 @@ def test_memory_model_updates_the_lowered_accumulators_in_place(tmp_path):
     for b in buffers:
         assert mm.storage_of[f"{b}.out"] == b and mm.alias[f"{b}.out"] == "inplace"
     assert not any(s.root.endswith(".buffer.out") for s in mm.storages)
+    assert {mm.persistent[b] for b in buffers} == {"gradient_buffer"}  # an Add of a gradient into it
+    assert mm.node_class.count("accumulate") == 28
 
 
 @needs_ort_training
