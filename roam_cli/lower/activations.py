@@ -97,24 +97,3 @@ def softmax_grad(e, log: bool = False, coerced: bool = False):
         dx = e.op("Mul", y, e.op("Sub", dy, dot), out=out)
     if flattened:
         e.op("Reshape", dx, e.op("Shape", e.input(0)), out=e.output(0))
-
-
-MS = "com.microsoft"
-RULES = {
-    (MS, "FastGelu"): fast_gelu,
-    (MS, "FastGeluGrad"): fast_gelu_grad,
-    (MS, "BiasFastGeluGrad_dX"): bias_fast_gelu_grad,
-    (MS, "Gelu"): gelu,
-    (MS, "BiasGelu"): gelu,
-    (MS, "GeluGrad"): gelu_grad,
-    (MS, "BiasGeluGrad_dX"): bias_gelu_grad,
-    (MS, "QuickGelu"): quick_gelu,
-    (MS, "QuickGeluGrad"): quick_gelu_grad,
-    (MS, "ReluGrad"): relu_grad,
-    (MS, "SigmoidGrad"): sigmoid_grad,
-    (MS, "TanhGrad"): tanh_grad,
-    (MS, "SoftmaxGrad_13"): softmax_grad,
-    (MS, "LogSoftmaxGrad_13"): lambda e: softmax_grad(e, log=True),
-    (MS, "SoftmaxGrad"): lambda e: softmax_grad(e, coerced=True),
-    (MS, "LogSoftmaxGrad"): lambda e: softmax_grad(e, log=True, coerced=True),
-}

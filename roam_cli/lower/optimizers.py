@@ -78,7 +78,3 @@ def over_sequences(e, seq_inputs: list[int], updated: list[tuple[int, int]], sig
     if e.output(0):
         dtype = e.ctx.dtype(e.output(0)) or TensorProto.BOOL
         e.op("Constant", out=e.output(0), value=helper.make_tensor("updated", dtype, [1], [1]))
-
-
-MS = "com.microsoft"
-RULES = {(MS, "AdamWOptimizer"): adamw, (MS, "SGDOptimizerV2"): sgd_v2}
