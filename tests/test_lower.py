@@ -519,3 +519,16 @@ def test_a_model_below_opset_18_is_converted_first():
     m.ir_version = 10
     lowered = check(m, {"x": x})
     assert [(i.domain, i.version) for i in lowered.opset_import] == [("", 20)]
+
+
+def test_a_fused_op_inside_a_subgraph_is_refused():
+    inner = helper.make_graph([helper.make_node("FastGelu", ["x"], ["y"], name="inner", domain=MS)], "then", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    node = helper.make_node("If", ["c"], ["z"], name="branch", then_branch=inner, else_branch=inner)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    assert [n.name for n in nonstandard_nodes(m)] == ["inner", "inner"]
+    with pytest.raises(RoamError, match="FastGelu node 'inner': it is inside a subgraph"):
+        lower_model(m)
