@@ -532,3 +532,17 @@ def test_a_fused_op_inside_a_subgraph_is_refused():
     assert [n.name for n in nonstandard_nodes(m)] == ["inner", "inner"]
     with pytest.raises(RoamError, match="FastGelu node 'inner': it is inside a subgraph"):
         lower_model(m)
+
+
+def test_cli_lower_keeps_external_weights_referenced_without_reading_them(tmp_path):
+    feeds = {"dY": f32(3, 4), "X": f32(3, 4)}
+    m = single("FastGeluGrad", feeds, ["dX"], constants={"unused_weight": f32(64, 64)})
+    m.graph.node[0].input[:] = ["dY", "X"]
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").unlink()  # never read
+    (tmp_path / "out").mkdir()
+    r = roam("lower", tmp_path / "m.onnx", "-o", tmp_path / "out" / "lowered.onnx")
+    assert r.code == 0, r.err
+    lowered = onnx.load(str(tmp_path / "out" / "lowered.onnx"), load_external_data=False)
+    weight = next(t for t in lowered.graph.initializer if t.name == "unused_weight")
+    assert {kv.key: kv.value for kv in weight.external_data}["location"] == "../w.bin"
