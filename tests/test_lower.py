@@ -19,6 +19,7 @@ from roam_cli.lower import lower_model, nonstandard_nodes
 MS = "com.microsoft"
 rng = np.random.default_rng(0)
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+              np.dtype(np.float16): TensorProto.FLOAT16,
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
               np.dtype(np.bool_): TensorProto.BOOL}
 
@@ -546,3 +547,11 @@ def test_cli_lower_keeps_external_weights_referenced_without_reading_them(tmp_pa
     lowered = onnx.load(str(tmp_path / "out" / "lowered.onnx"), load_external_data=False)
     weight = next(t for t in lowered.graph.initializer if t.name == "unused_weight")
     assert {kv.key: kv.value for kv in weight.external_data}["location"] == "../w.bin"
+
+
+def test_mixed_precision_normalisation_gradient_is_refused():
+    feeds = {"dY": f32(2, 4).astype(np.float16), "X": f32(2, 4).astype(np.float16), "scale": f32(4).astype(np.float16),
+             "mean": f32(2, 1), "inv": f32(2, 1)}
+    m = single("LayerNormalizationGrad", feeds, ["dX"], out_types={"dX": (TensorProto.FLOAT16, (2, 4))})
+    with pytest.raises(RoamError, match="LayerNormalizationGrad node 'fused'.*mixed precision"):
+        lower_model(m)
