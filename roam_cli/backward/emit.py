@@ -5,6 +5,7 @@ hand a fused gradient node to a `lower` rule and get the same standard-ONNX subg
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -35,8 +36,7 @@ class Tape(Lowering):
 
     def const(self, value, dtype: int) -> str:
         name = super().const(value, dtype)
-        t = next(c for c in self.constants.values() if c.name == name)
-        self.static[name] = (t.data_type, tuple(t.dims))
+        self.static[name] = (dtype, np.shape(value))
         return name
 
 

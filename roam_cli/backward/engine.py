@@ -52,6 +52,9 @@ def on_path(g: onnx.GraphProto, wrt: set[str], loss: str, tape: Tape) -> tuple[s
         if not known:
             raise RoamError(f"cannot differentiate {n.op_type} node {n.name!r} (domain {n.domain or 'ai.onnx'!r}): "
                             "no gradient rule for this op")
+        if all(tape.dtype(o) is None for o in n.output if o):
+            raise RoamError(f"cannot differentiate {n.op_type} node {n.name!r}: the type of its output "
+                            f"{n.output[0]!r} is unknown (ONNX shape inference could not determine it)")
         if not any(tape.dtype(o) in FLOAT_TYPES for o in n.output if o):
             raise RoamError(f"cannot differentiate {n.op_type} node {n.name!r}: its output {n.output[0]!r} is of an "
                             "integer type, yet a trainable parameter reaches the loss through it")
