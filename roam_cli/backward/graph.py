@@ -1,6 +1,6 @@
 """The forward with its backward as one model: inputs the forward's, outputs the loss and each
-`<name>_grad`. ORT's training forms a rule used (BatchNormalization in training mode) are
-written in standard ONNX by the `lower` package on the way out."""
+`<name>_grad`. BatchNormalization keeps its training form (with the saved statistics as outputs
+3 and 4) until the step is assembled: `lower_model` then writes it in standard ONNX."""
 
 from __future__ import annotations
 
@@ -8,7 +8,6 @@ import onnx
 from onnx import helper
 
 from roam_cli.backward.engine import differentiate
-from roam_cli.lower import lower_model, nonstandard_nodes
 
 
 def gradient_model(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[onnx.ModelProto, dict[str, str]]:
@@ -23,5 +22,5 @@ def gradient_model(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[o
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(loss, tape.dtype(loss), tape.shape(loss)))
     g.output.extend(helper.make_tensor_value_info(grads[p], tape.dtype(p), tape.shape(p)) for p in wrt if p in grads)
-    return (lower_model(out) if nonstandard_nodes(out) else out), grads
+    return out, grads
 

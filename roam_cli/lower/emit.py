@@ -71,6 +71,8 @@ class Lowering:
         if key not in self.constants:
             text = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in array.ravel().tolist())
             name = f"roam.lower/{onnx.TensorProto.DataType.Name(dtype).lower()}/{text}"
+            if array.ndim != 1:  # a scalar 0 and the axes [0] are two constants
+                name += "/shape=" + "x".join(map(str, array.shape))
             if name in self.initializers:  # made by an earlier pass over this model: the same value
                 return name
             self.constants[key] = numpy_helper.from_array(array, name)
