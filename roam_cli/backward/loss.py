@@ -11,8 +11,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
-
-LOSSES = ("none", "cross-entropy", "mse", "bce-with-logits", "l1")
+from roam_cli.frontend.training_graph import LOSSES
 
 
 def add_loss(model: onnx.ModelProto, kind: str, types: dict) -> str:

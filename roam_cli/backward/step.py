@@ -13,6 +13,7 @@ from onnx import TensorProto, helper
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.frontend import shapes
+from roam_cli.frontend.training_graph import Artifacts, Survey
 from roam_cli.lower import lower_model, nonstandard_nodes
 
 LAZY_RESET = "lazy_reset_grad"
@@ -61,3 +62,16 @@ def as_inputs(g: onnx.GraphProto, names: list[str]) -> None:
 def standard(model: onnx.ModelProto) -> onnx.ModelProto:
     """The graph in standard ONNX (accumulators, BatchNormalization's training form lowered)."""
     return lower_model(model) if nonstandard_nodes(model) else model
+
+
+def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None) -> Artifacts:
+    """`training_graph.build`'s counterpart with roam's backward: no torch, no onnxruntime-training.
+    No optimizer graph (ONNX Runtime's is made of its training ops); parameters the loss does not
+    depend on move from `chosen.trainable` to `chosen.unreached` and keep their values."""
+    inits = {t.name: t for t in model.graph.initializer}
+    training, unreached = training_model(model, chosen.trainable, chosen.frozen, loss)
+    chosen.unreached = unreached
+    chosen.trainable = [p for p in chosen.trainable if p not in unreached]
+    parameters = ([inits[p] for p in chosen.trainable if p in inits],
+                  [inits[p] for p in [*chosen.frozen, *unreached] if p in inits])
+    return Artifacts(training, None, None, parameters)
