@@ -68,8 +68,10 @@ def check(nodes, feeds, wrt, inits=None, opset=20, rtol=None):
     grad_model, grads = gradient_model(m, wrt, "loss")
     grad_model = lower_model(grad_model) if nonstandard_nodes(grad_model) else grad_model
     onnx.checker.check_model(grad_model)
-    got = session(grad_model).run([grads[p] for p in wrt], feeds)
-    for p, value in zip(wrt, got):
+    reached = [p for p in wrt if p in grads]
+    got = dict(zip(reached, session(grad_model).run([grads[p] for p in reached], feeds)))
+    for p in wrt:
+        value = got.get(p, np.zeros_like(feeds[p]))  # the loss does not depend on p
         double = feeds[p].dtype == np.float64
         expected = finite_differences(m, feeds, p, 1e-6 if double else 1e-2)
         assert value.shape == feeds[p].shape, p

@@ -24,7 +24,7 @@ def add_loss(model: onnx.ModelProto, kind: str, types: dict) -> str:
     if kind not in LOSSES:
         raise RoamError(f"unknown loss {kind!r}; choose one of {', '.join(LOSSES)}")
     taken = {x for n in g.node for x in (*n.input, *n.output)} | {i.name for i in g.input} | {t.name for t in g.initializer}
-    dtype, shape = types[first]
+    dtype, shape = types[first][0], list(types[first][1])
     loss = fresh("loss", taken)
 
     def node(op, inputs, out=None, **attrs):

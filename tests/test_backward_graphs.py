@@ -1,0 +1,217 @@
+"""roam's backward on whole graphs: random small graphs against finite differences, the sample's
+gradients against ONNX Runtime's artifacts training graph, the test fixtures' full steps through
+plan, verify and train, and each refusal (one line, exit 2, nothing written)."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from backward_check import check
+from conftest import ROOT, SAMPLE, needs_ort_training, roam
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from onnx import TensorProto, helper, numpy_helper
+from onnx_builder import model, node, save
+
+from roam_cli.backward.graph import gradient_model
+from roam_cli.backward.step import standard, training_model
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend.optimizer_graph import gradient_accumulators
+
+FIXTURES = ROOT / "tests" / "fixtures"
+
+# ---- random small graphs -----------------------------------------------------------------------
+
+UNARY = ["Tanh", "Sigmoid", "Neg", "Relu"]
+BINARY = ["Add", "Sub", "Mul", "Max", "MatMul"]
+
+
+@st.composite
+def small_graphs(draw):
+    """3 to 7 ops over a[2,3], b[3], c[2,1], w[3,3]; each reads earlier tensors, so tensors fan out
+    and broadcast. Div divides by 1.5 + sigmoid (never near 0)."""
+    tensors = ["a", "b", "c"]
+    nodes = []
+    for k in range(draw(st.integers(3, 7))):
+        op = draw(st.sampled_from(UNARY + BINARY + ["Div"]))
+        x = draw(st.sampled_from(tensors))
+        out = f"t{k}"
+        if op in UNARY:
+            nodes.append(helper.make_node(op, [x], [out], name=out))
+        elif op == "MatMul":
+            nodes.append(helper.make_node("MatMul", [x if x != "c" else "a", "w"], [out], name=out))
+        elif op == "Div":
+            s = f"{out}.s"
+            nodes += [helper.make_node("Sigmoid", [draw(st.sampled_from(tensors))], [s], name=s),
+                      helper.make_node("Add", [s, "k"], [f"{s}1"], name=f"{s}1"),
+                      helper.make_node("Div", [x, f"{s}1"], [out], name=out)]
+        else:
+            nodes.append(helper.make_node(op, [x, draw(st.sampled_from(tensors))], [out], name=out))
+        tensors.append(out)
+    # the result reads the last tensor and every earlier one, broadcast to [2, 3]
+    nodes.append(helper.make_node("Sum", [*tensors[3:], "a"], ["y"], name="y"))
+    return nodes
+
+
+@settings(max_examples=25, deadline=None)
+@given(small_graphs(), st.integers(0, 2**16))
+def test_random_graphs_match_finite_differences(nodes, seed):
+    rng = np.random.default_rng(seed)
+    feeds = {"a": rng.standard_normal((2, 3)), "b": rng.standard_normal(3), "c": rng.standard_normal((2, 1)),
+             "w": rng.standard_normal((3, 3))}
+    check(nodes, feeds, ["a", "b", "c", "w"], {"k": np.array(1.5)})
+
+
+# ---- the sample: gradients equal ONNX Runtime's artifacts training graph's ----------------------
+
+def without_dropout(m: onnx.ModelProto) -> onnx.ModelProto:
+    """The sample's Dropout ratio (val_112, in both graphs) set to 0."""
+    for t in m.graph.initializer:
+        if t.name == "val_112":
+            t.CopyFrom(numpy_helper.from_array(np.array(0.0, np.float32), "val_112"))
+    return m
+
+
+def gradients(m: onnx.ModelProto, params, feeds) -> dict:
+    m.graph.output.extend(helper.make_empty_tensor_value_info(f"{p}_grad") for p in params)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    names = {i.name for i in s.get_inputs()}
+    return dict(zip(params, s.run([f"{p}_grad" for p in params], {k: v for k, v in feeds.items() if k in names})))
+
+
+@needs_ort_training
+def test_sample_gradients_equal_onnx_runtime_artifacts_within_1e_4():
+    theirs = without_dropout(onnx.load(str(SAMPLE)))
+    params = list(gradient_accumulators(theirs.graph))
+    forward = without_dropout(onnx.load(str(SAMPLE.parent / "eval_model.onnx")))
+    ours, unreached = training_model(forward, params, [], "none")
+    assert unreached == []
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in theirs.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        feeds[i.name] = (rng.integers(0, 64, shape).astype(dtype) if dtype == np.int64 else
+                         np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
+                         (rng.standard_normal(shape) * 0.2).astype(dtype))
+    a, b = gradients(standard(ours), params, feeds), gradients(theirs, params, feeds)
+    floor = 1e-3 * max(np.abs(g).max() for g in b.values())
+    for p in params:
+        assert np.abs(a[p] - b[p]).max() <= 1e-4 * max(np.abs(b[p]).max(), floor), p
+
+
+# ---- the fixtures: standard-ONNX steps that plan, verify and train -----------------------------
+
+@pytest.mark.parametrize("name, loss", [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")])
+def test_fixture_full_step_is_standard_onnx_that_plans_verifies_and_trains(tmp_path, name, loss):
+    step, plan = tmp_path / "step.onnx", tmp_path / "plan.json"
+    r = roam("make-training-graph", FIXTURES / name / "forward.onnx", "-o", step, "--loss", loss, "--in-graph-optimizer")
+    assert r.code == 0, r.err
+    m = onnx.load(str(step))
+    onnx.checker.check_model(m)
+    assert {n.domain for n in m.graph.node} == {""}
+    assert all(not n.op_type.endswith("Grad") for n in m.graph.node)
+    inplace = json.loads({p.key: p.value for p in m.metadata_props}["roam.inplace"])
+    params = [i.name for i in m.graph.input if f"{i.name}.out" in inplace and f"{i.name}.exp_avg" in inplace.values()]
+    assert params and all(inplace[f"{p}.out"] == p for p in params)
+    assert roam("optimize", step, "-o", plan, "--recompute", "off", "--order", "greedy").code == 0
+    assert roam("verify", step, plan).code == 0
+    r = roam("train", step, "--plan", plan, "--steps", "3")
+    assert r.code == 0, r.err
+    losses = [float(line.split("loss ")[1].split()[0]) for line in r.out.splitlines() if line.startswith("step ")]
+    assert len(losses) == 3 and losses[2] < losses[0]  # AdamW on a fixed batch: the loss goes down
+
+
+def test_fixture_training_graph_has_artifacts_names_and_no_optimizer_graph(tmp_path):
+    out = tmp_path / "train.onnx"
+    r = roam("make-training-graph", FIXTURES / "tiny_resnet" / "forward.onnx", "-o", out, "--loss", "cross-entropy")
+    assert r.code == 0, r.err
+    m = onnx.load(str(out))
+    inputs = [i.name for i in m.graph.input]
+    assert "labels" in inputs and "lazy_reset_grad" in inputs
+    buffers = [x for x in inputs if x.endswith("_grad.accumulation.buffer")]
+    assert len(buffers) == 20
+    inplace = json.loads({p.key: p.value for p in m.metadata_props}["roam.inplace"])
+    assert sorted(inplace.values()) == sorted(buffers)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["train.onnx"]
+
+
+# ---- refusals ----------------------------------------------------------------------------------
+
+def refused(tmp_path, m, *args):
+    path = save(m, tmp_path / "m.onnx")
+    r = roam("make-training-graph", path, "-o", tmp_path / "t.onnx", "--in-graph-optimizer", *args)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    return r.err
+
+
+def test_an_op_without_a_rule_is_refused_naming_op_and_node(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["h"]), node("Selu", ["h"], ["y"], name="act")],
+              [("x", [2, 3])], [("y", [2, 4])], {"fc.weight": np.ones((3, 4), np.float32)})
+    err = refused(tmp_path, m, "--loss", "mse")
+    assert "Selu node 'act'" in err and "no gradient rule" in err
+
+
+def test_an_integer_path_that_needs_a_gradient_is_refused(tmp_path):
+    m = model([node("Cast", ["fc.weight"], ["w_int"], name="to_int", to=TensorProto.INT64),
+               node("Cast", ["w_int"], ["w"], name="to_float", to=TensorProto.FLOAT),
+               node("MatMul", ["x", "w"], ["y"])],
+              [("x", [2, 3])], [("y", [2, 4])], {"fc.weight": np.ones((3, 4), np.float32)})
+    err = refused(tmp_path, m, "--loss", "mse")
+    assert "Cast node 'to_int'" in err and "integer type" in err
+
+
+def test_a_data_dependent_shape_is_refused(tmp_path):
+    m = model([node("NonZero", ["mask"], ["where"]), node("Squeeze", ["where", "zero"], ["rows"]),
+               node("Gather", ["fc.weight", "rows"], ["picked"]),
+               node("ReduceSum", ["picked", "zero"], ["y"], name="total", keepdims=1)],
+              [("mask", [4], TensorProto.BOOL)], [("y", [1, 3])],
+              {"fc.weight": np.ones((4, 3), np.float32), "zero": np.array([0])})
+    err = refused(tmp_path, m, "--loss", "mse")
+    assert "ReduceSum node 'total'" in err and "not static" in err
+
+
+def test_cross_entropy_refuses_labels_that_do_not_fit_the_logits(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", [2, 3, 4]), ("labels", [3], TensorProto.INT64)],
+              [("y", [2, 3, 5])], {"fc.weight": np.ones((4, 5), np.float32)})
+    err = refused(tmp_path, m, "--loss", "cross-entropy")
+    assert "labels [3] do not fit" in err
+
+
+@pytest.mark.parametrize("labels, expected_axis", [([2, 3], "last"), ([2, 5], "1")])
+def test_cross_entropy_finds_the_class_axis(labels, expected_axis):
+    """Logits [2, 5, 3] with labels [2, 5]: classes last (language model); with labels [2, 3]
+    the class axis is 1. The loss equals numpy's mean negative log-likelihood either way."""
+    rng = np.random.default_rng(0)
+    logits = rng.standard_normal((2, 5, 3)).astype(np.float32)
+    shape = [2, 5] if expected_axis == "last" else [2, 3]
+    classes = 3 if expected_axis == "last" else 5
+    label_values = rng.integers(0, classes, shape)
+    m = model([node("Identity", ["x"], ["y"])], [("x", [2, 5, 3]), ("labels", shape, TensorProto.INT64)],
+              [("y", [2, 5, 3])])
+    step, _ = training_model(m, ["x"], [], "cross-entropy")
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(standard(step).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    feeds = {"x": logits, "labels": label_values, "x_grad.accumulation.buffer": np.zeros_like(logits),
+             "lazy_reset_grad": np.array([True])}
+    loss = s.run(["loss"], feeds)[0]
+    z = logits if expected_axis == "last" else np.moveaxis(logits, 1, -1)
+    log_p = z - np.log(np.exp(z).sum(-1, keepdims=True))
+    expected = -np.take_along_axis(log_p, label_values[..., None], -1).mean()
+    assert abs(float(loss) - expected) < 1e-5
+
+
+def test_gradient_model_names_gradients_after_their_parameters():
+    m = model([node("Mul", ["x", "p.w"], ["h"]), node("Mul", ["h", "p.w"], ["y"]), node("ReduceSum", ["y"], ["loss"], keepdims=0)],
+              [("x", [3]), ("p.w", [3])], [("loss", [])])
+    g, grads = gradient_model(m, ["p.w", "x"], "loss")
+    assert grads == {"p.w": "p.w_grad", "x": "x_grad"}
+    assert [n.op_type for n in g.graph.node if n.output[0] == "p.w_grad"] == ["Sum"]  # two readers' parts summed
+    with pytest.raises(RoamError, match="not a floating-point"):
+        gradient_model(model([node("Shape", ["x"], ["s"])], [("x", [3])], [("s", [1], TensorProto.INT64)]), ["x"], "s")
