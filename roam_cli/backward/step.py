@@ -10,6 +10,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from roam_cli.backward.fuse import fuse_gelu
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.frontend import shapes
@@ -26,6 +27,7 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     out = onnx.ModelProto()
     out.CopyFrom(model)
     loss_name = add_loss(out, loss, shapes.infer(out, {}, None))
+    fuse_gelu(out)
     as_inputs(out.graph, [*trainable, *frozen])
     training, grads = gradient_model(out, trainable, loss_name)
     g = training.graph
