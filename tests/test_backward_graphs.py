@@ -215,3 +215,66 @@ def test_gradient_model_names_gradients_after_their_parameters():
     assert [n.op_type for n in g.graph.node if n.output[0] == "p.w_grad"] == ["Sum"]  # two readers' parts summed
     with pytest.raises(RoamError, match="not a floating-point"):
         gradient_model(model([node("Shape", ["x"], ["s"])], [("x", [3])], [("s", [1], TensorProto.INT64)]), ["x"], "s")
+
+
+# ---- the patterns of LLaMA-architecture exports ------------------------------------------------
+
+def llama_block():
+    """One decoder block as PyTorch exports it, batch 1, seq 3, 4 query heads and 2 key/value heads
+    of size 2 (hidden 8): RMSNorm (Pow, ReduceMean, Add, Sqrt, Reciprocal), rotary embeddings (Slice,
+    Neg, Concat, Mul by cos/sin tables), grouped-query attention (Unsqueeze, Expand, Reshape of the
+    key/value heads; causal mask by Where), SiLU MLP (Sigmoid * x)."""
+    rng = np.random.default_rng(3)
+    s, h, kv, d, hidden = 3, 4, 2, 2, 8
+    ang = np.arange(s)[:, None] * np.array([0.7])[None]  # one frequency: head size 2
+    consts = {"two": np.array(2.0), "eps": np.array(1e-6), "ln.w": rng.standard_normal(hidden),
+              "cos": np.cos(np.concatenate([ang, ang], -1)), "sin": np.sin(np.concatenate([ang, ang], -1)),
+              "q_shape": np.array([1, s, h, d]), "kv_shape": np.array([1, s, kv, d]), "kv_ex": np.array([1, kv, 2, s, d]),
+              "kv_heads": np.array([1, h, s, d]), "out_shape": np.array([1, s, hidden]), "ax_last": np.array([-1]),
+              "ax2": np.array([2]), "half0": np.array([0]), "half1": np.array([1]), "half2": np.array([2]),
+              "scale": np.array(1 / np.sqrt(d)), "causal": np.tril(np.ones((s, s), bool)), "neg_inf": np.array(-1e9)}
+    N = []
+
+    def op(kind, ins, out, **a):
+        N.append(helper.make_node(kind, ins, [out], name=out, **a))
+        return out
+
+    sq = op("Pow", ["x", "two"], "sq")
+    var = op("ReduceMean", [sq, "ax_last"], "var", keepdims=1)
+    inv = op("Reciprocal", [op("Sqrt", [op("Add", [var, "eps"], "var_eps")], "rms")], "inv")
+    normed = op("Mul", [op("Mul", ["x", inv], "xn"), "ln.w"], "normed")
+
+    def rope(t, name):
+        x1 = op("Slice", [t, "half0", "half1", "ax_last"], f"{name}.x1")
+        x2 = op("Slice", [t, "half1", "half2", "ax_last"], f"{name}.x2")
+        rotated = op("Concat", [op("Neg", [x2], f"{name}n"), x1], f"{name}rot", axis=-1)
+        return op("Add", [op("Mul", [t, "cos"], f"{name}c"), op("Mul", [rotated, "sin"], f"{name}s")], f"{name}rope")
+
+    q = op("Transpose", [op("Reshape", [op("MatMul", [normed, "wq"], "q0"), "q_shape"], "q1")], "q", perm=[0, 2, 1, 3])
+    k = op("Transpose", [op("Reshape", [op("MatMul", [normed, "wk"], "k0"), "kv_shape"], "k1")], "k", perm=[0, 2, 1, 3])
+    v = op("Transpose", [op("Reshape", [op("MatMul", [normed, "wv"], "v0"), "kv_shape"], "v1")], "v", perm=[0, 2, 1, 3])
+    q, k = rope(q, "q"), rope(k, "k")
+
+    def repeat(t, name):  # [1, kv, s, d] -> [1, h, s, d]
+        ex = op("Expand", [op("Unsqueeze", [t, "ax2"], f"{name}u"), "kv_ex"], f"{name}e")
+        return op("Reshape", [ex, "kv_heads"], f"{name}r")
+
+    k, v = repeat(k, "k"), repeat(v, "v")
+    scores = op("Mul", [op("MatMul", [q, op("Transpose", [k], "kt", perm=[0, 1, 3, 2])], "qk"), "scale"], "scores")
+    probs = op("Softmax", [op("Where", ["causal", scores, "neg_inf"], "masked")], "probs", axis=-1)
+    attn = op("Reshape", [op("Transpose", [op("MatMul", [probs, v], "pv")], "pvt", perm=[0, 2, 1, 3])], "attn_in")
+    N[-1].input.append("out_shape")
+    h1 = op("Add", ["x", op("MatMul", [attn, "wo"], "o")], "h1")
+    gate = op("MatMul", [h1, "wg"], "gate")
+    silu = op("Mul", [gate, op("Sigmoid", [gate], "sig")], "silu")
+    op("Add", [h1, op("MatMul", [op("Mul", [silu, op("MatMul", [h1, "wu"], "up")], "act"), "wd"], "down")], "y")
+    feeds = {"x": rng.standard_normal((1, s, hidden)), "wq": rng.standard_normal((hidden, h * d)) * 0.5,
+             "wk": rng.standard_normal((hidden, kv * d)) * 0.5, "wv": rng.standard_normal((hidden, kv * d)) * 0.5,
+             "wo": rng.standard_normal((h * d, hidden)) * 0.5, "wg": rng.standard_normal((hidden, 6)) * 0.5,
+             "wu": rng.standard_normal((hidden, 6)) * 0.5, "wd": rng.standard_normal((6, hidden)) * 0.5}
+    return N, feeds, consts
+
+
+def test_llama_block_rmsnorm_rope_gqa_silu_matches_finite_differences():
+    nodes, feeds, consts = llama_block()
+    check(nodes, feeds, list(feeds), consts)
