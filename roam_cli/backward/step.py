@@ -31,6 +31,10 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     as_inputs(out.graph, [*trainable, *frozen])
     training, grads = gradient_model(out, trainable, loss_name)
     g = training.graph
+    read = {x for n in g.node for x in n.input}
+    kept = [t for t in g.initializer if t.name in read]  # constants of fused-away nodes go
+    del g.initializer[:]
+    g.initializer.extend(kept)
     outputs = [g.output[0]]
     for p in trainable:
         if p not in grads:
