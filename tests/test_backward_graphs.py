@@ -3,13 +3,14 @@ gradients against ONNX Runtime's artifacts training graph, the test fixtures' fu
 plan, verify and train, and each refusal (one line, exit 2, nothing written)."""
 
 import json
+import subprocess
 
 import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
 from backward_check import check
-from conftest import ROOT, SAMPLE, needs_ort_training, roam
+from conftest import ORT131, ROOT, SAMPLE, needs_ort_training, roam
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from onnx import TensorProto, helper, numpy_helper
@@ -124,6 +125,44 @@ def test_fixture_full_step_is_standard_onnx_that_plans_verifies_and_trains(tmp_p
     assert r.code == 0, r.err
     losses = [float(line.split("loss ")[1].split()[0]) for line in r.out.splitlines() if line.startswith("step ")]
     assert len(losses) == 3 and losses[2] < losses[0]  # AdamW on a fixed batch: the loss goes down
+
+
+@pytest.mark.skipif(not ORT131.exists(), reason=f"no environment with today's onnxruntime at {ORT131}")
+def test_fixture_full_steps_run_on_todays_onnxruntime(tmp_path):
+    """The three full steps, built here, run two steps in onnxruntime 1.31 (no training build, no
+    roam): finite losses, and the second step's loss is lower on the same batch."""
+    paths = []
+    for name, loss in [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")]:
+        step = tmp_path / f"{name}.onnx"
+        assert roam("make-training-graph", FIXTURES / name / "forward.onnx", "-o", step, "--loss", loss,
+                    "--in-graph-optimizer").code == 0
+        paths.append(str(step))
+    script = """
+import json, sys, numpy as np, onnx, onnxruntime as ort
+for path in sys.argv[1:]:
+    m = onnx.load(path)
+    pairs = json.loads({p.key: p.value for p in m.metadata_props}["roam.inplace"])
+    s = ort.InferenceSession(path, providers=["CPUExecutionProvider"])
+    rng = np.random.default_rng(0)
+    types = {"tensor(float)": np.float32, "tensor(int64)": np.int64, "tensor(bool)": np.bool_}
+    feeds = {}
+    for i in s.get_inputs():
+        t = types[i.type]
+        feeds[i.name] = (np.abs(rng.standard_normal(i.shape)).astype(t) * 0.1 if t == np.float32 else
+                         np.full(i.shape, 0.001 if i.name == "learning_rate" else 0, t))
+    names = [o.name for o in s.get_outputs()]
+    losses = []
+    for _ in range(2):
+        out = dict(zip(names, s.run(None, feeds)))
+        losses.append(float(out[names[0]]))
+        feeds.update({state: out[new] for new, state in pairs.items()})
+    print(losses[0], losses[1])
+"""
+    proc = subprocess.run([str(ORT131), "-c", script, *paths], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for line in proc.stdout.split("\n")[:3]:
+        first, second = map(float, line.split())
+        assert np.isfinite(first) and second < first
 
 
 def test_fixture_training_graph_has_artifacts_names_and_no_optimizer_graph(tmp_path):
