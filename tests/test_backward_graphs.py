@@ -215,6 +215,13 @@ def test_a_data_dependent_shape_is_refused(tmp_path):
     assert "ReduceSum node 'total'" in err and "not static" in err
 
 
+def test_a_symbolic_dimension_is_refused(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
+              {"fc.weight": np.ones((3, 4), np.float32)})
+    err = refused(tmp_path, m, "--loss", "mse")
+    assert "static shapes" in err and "'batch'" in err and "--dim" not in err
+
+
 def test_cross_entropy_refuses_labels_that_do_not_fit_the_logits(tmp_path):
     m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", [2, 3, 4]), ("labels", [3], TensorProto.INT64)],
               [("y", [2, 3, 5])], {"fc.weight": np.ones((4, 5), np.float32)})

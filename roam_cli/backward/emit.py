@@ -23,6 +23,10 @@ class Tape(Lowering):
         super().__init__(model)
         self.static = dict(static)
 
+    @staticmethod
+    def attr_of(node: onnx.NodeProto, name: str):
+        return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
+
     def register(self, name: str, like: str) -> str:
         """`name` has the type of `like` (a gradient has its tensor's type)."""
         self.static[name] = (self.dtype(like), tuple(self.shape(like)))

@@ -61,16 +61,21 @@ def on_path(g: onnx.GraphProto, wrt: set[str], loss: str, tape: Tape) -> tuple[s
     return active, path[::-1]
 
 
+def static_types(model: onnx.ModelProto) -> dict:
+    """name -> (dtype, shape) of every tensor whose shape is known; a symbolic input is refused."""
+    try:
+        return shapes.infer(model, {}, None)
+    except RoamError as e:  # an unbound symbolic dimension: its name and input, without the --dim advice
+        raise RoamError(f"the backward needs static shapes: {str(e).split(': pass')[0]}; export with fixed "
+                        "input shapes") from None
+
+
 def differentiate(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[list[onnx.NodeProto], Tape, dict]:
     """The backward nodes of `model` (its nodes named, optional outputs added where a rule reads
     them): the gradient of `loss` with respect to every name in `wrt`, as `<name>_grad`."""
     g = model.graph
     name_nodes(g)
-    try:
-        static = shapes.infer(model, {}, None)
-    except RoamError as e:
-        raise RoamError(f"the backward needs static shapes: {e}") from None
-    tape = Tape(model, static)
+    tape = Tape(model, static_types(model))
     if tape.dtype(loss) not in FLOAT_TYPES:
         raise RoamError(f"the loss {loss!r} is not a floating-point tensor")
     active, path = on_path(g, set(wrt), loss, tape)

@@ -4,7 +4,13 @@ batch gets one Gemm over the batch flattened (a view) instead of a batch of prod
 
 
 def swap_last(g, x: str, rank: int) -> str:
-    return g.op("Transpose", x, perm=[*range(rank - 2), rank - 1, rank - 2])
+    """x with its last two axes swapped; when the forward made x by that swap (attention's
+    K^T), its input: no copy, and the swapped tensor need not be kept for the backward."""
+    perm = [*range(rank - 2), rank - 1, rank - 2]
+    made = g.ctx.producer.get(x)
+    if made is not None and made.op_type == "Transpose" and list(g.ctx.attr_of(made, "perm") or []) == perm:
+        return made.input[0]
+    return g.op("Transpose", x, perm=perm)
 
 
 def matmul(g):

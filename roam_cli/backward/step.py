@@ -10,10 +10,10 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
+from roam_cli.backward.engine import static_types
 from roam_cli.backward.fuse import fuse_gelu
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
-from roam_cli.frontend import shapes
 from roam_cli.frontend.training_graph import Artifacts, Survey
 from roam_cli.lower import lower_model, nonstandard_nodes
 
@@ -26,7 +26,7 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     parameters the loss does not depend on (they get no gradient and stay as they are)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    loss_name = add_loss(out, loss, shapes.infer(out, {}, None))
+    loss_name = add_loss(out, loss, static_types(out))
     fuse_gelu(out)
     as_inputs(out.graph, [*trainable, *frozen])
     training, grads = gradient_model(out, trainable, loss_name)
