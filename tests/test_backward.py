@@ -4,8 +4,11 @@ the attributes each rule supports."""
 
 import numpy as np
 import pytest
-from backward_check import check
-from onnx import helper
+from backward_check import check, session, weighted_loss
+from onnx import helper, numpy_helper
+
+from roam_cli.backward.graph import gradient_model
+from roam_cli.lower import lower_model
 
 R = np.random.default_rng(7)
 
@@ -150,3 +153,19 @@ CASES = [
 @pytest.mark.parametrize("nodes,feeds,wrt,inits", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
 def test_rule_matches_finite_differences(nodes, feeds, wrt, inits):
     check(nodes, feeds, list(wrt), inits)
+
+
+def test_dropout_in_training_mode_passes_dy_through_the_mask_scaled():
+    """Random, so no finite differences: with loss = sum(y * r), dx = r * mask / (1 - ratio), the
+    mask being the forward's own (added as the node's output 1 for the backward to read)."""
+    x = f32(4, 5)
+    nodes = [n("Dropout", ["a", "r", "t"])]
+    m = weighted_loss(nodes, {"a": x}, {"r": np.array(0.25, np.float32), "t": np.array(True)}, 20)
+    g, grads = gradient_model(m, ["a"], "loss")
+    drop = next(node for node in g.graph.node if node.op_type == "Dropout")
+    assert list(drop.output) == ["y", "y.mask"]
+    g.graph.output.extend([helper.make_empty_tensor_value_info("y.mask")])
+    r = next(t for t in g.graph.initializer if t.name == "loss.r")
+    dx, mask = session(lower_model(g)).run([grads["a"], "y.mask"], {"a": x})
+    assert 0 < mask.sum() < mask.size
+    np.testing.assert_allclose(dx, numpy_helper.to_array(r) * mask / 0.75, rtol=1e-6)

@@ -25,7 +25,7 @@ FIXTURES = ROOT / "tests" / "fixtures"
 
 # ---- random small graphs -----------------------------------------------------------------------
 
-UNARY = ["Tanh", "Sigmoid", "Neg", "Relu"]
+UNARY = ["Tanh", "Sigmoid", "Neg", "Relu", "Softmax"]
 BINARY = ["Add", "Sub", "Mul", "Max", "MatMul"]
 
 
@@ -324,3 +324,37 @@ def llama_block():
 def test_llama_block_rmsnorm_rope_gqa_silu_matches_finite_differences():
     nodes, feeds, consts = llama_block()
     check(nodes, feeds, list(feeds), consts)
+
+
+# ---- the fixtures' gradients against ONNX Runtime's artifacts route (needs torch) ---------------
+
+@needs_ort_training
+@pytest.mark.parametrize("name, loss", [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")])
+def test_fixture_gradients_equal_the_artifacts_routes_within_1e_4(name, loss):
+    pytest.importorskip("torch", reason="the artifacts route imports torch")
+    from roam_cli.frontend import training_graph
+    from roam_cli.frontend.onnx_import import load_model
+
+    forward, _ = load_model(FIXTURES / name / "forward.onnx")
+    forward.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), "no_dropout"))
+    for n in forward.graph.node:
+        if n.op_type == "Dropout":
+            n.input[1] = "no_dropout"
+    training_graph.repair(forward)
+    chosen = training_graph.survey(forward)
+    theirs = training_graph.build(forward, chosen, loss, None).training
+    ours, unreached = training_model(forward, chosen.trainable, chosen.frozen, loss)
+    assert unreached == []
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in theirs.graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        feeds[i.name] = (rng.integers(0, 10, shape).astype(dtype) if dtype == np.int64 else
+                         np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
+                         np.ones(shape, dtype) if i.name.endswith("running_var") else
+                         (rng.standard_normal(shape) * 0.1).astype(dtype))
+    a, b = gradients(standard(ours), chosen.trainable, feeds), gradients(theirs, chosen.trainable, feeds)
+    floor = 1e-3 * max(np.abs(g).max() for g in b.values())  # a gradient zero in exact arithmetic is noise
+    for p in chosen.trainable:
+        assert np.abs(a[p] - b[p]).max() <= 1e-4 * max(np.abs(b[p]).max(), floor), p
