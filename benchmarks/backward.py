@@ -5,11 +5,12 @@ and planned memory, one row per model.
     python benchmarks/backward.py                          # tests/fixtures/{tiny_gpt2,tiny_bert,tiny_resnet}
     python benchmarks/backward.py model.onnx:cross-entropy other.onnx:none
 
-Both training graphs are built from the same repaired export with Dropout's ratio set to 0, run on
-the same random parameters and batch, and each parameter's gradient compared (largest difference
-over the largest magnitude; issue 19 asks for 1e-4). Both full steps (AdamW in the graph) are
-planned by `roam optimize --recompute off`: persistent bytes, arena, and roam's total as a
-multiple of ORT's (issue 19 asks for at most 1). The ORT route needs onnxruntime-training and
+Both full steps (AdamW in the graph) of the export as it is (Dropout on) are planned by
+`roam optimize --recompute off`: persistent bytes, arena, and roam's total as a multiple of
+ORT's (issue 19 asks for at most 1). For the gradients, both training graphs are built again
+with Dropout's ratio set to 0, run on the same random parameters and batch, and each
+parameter's gradient compared (largest difference over the largest magnitude; issue 19 asks
+for 1e-4). The ORT route needs onnxruntime-training and
 torch; without them only roam's columns are printed."""
 
 from __future__ import annotations
@@ -91,20 +92,32 @@ def plan(step: onnx.ModelProto, folder: Path, name: str) -> dict:
     return json.loads((folder / f"{name}.json").read_text())
 
 
-def row(path: Path, loss: str, folder: Path) -> str:
+def built(path: Path, loss: str, dropout: bool, ort: bool):
+    """(survey, roam's training graph, parameters it does not reach, ORT's training graph or the
+    reason it could not be built) of the export, its Dropouts as exported or with ratio 0."""
     model, _ = load_model(path)
-    without_dropout(model)
+    if not dropout:
+        without_dropout(model)
     training_graph.repair(model)
     chosen = training_graph.survey(model)
     ours, unreached = training_model(model, chosen.trainable, chosen.frozen, loss)
+    try:
+        theirs = training_graph.build(model, chosen, loss, None).training if ort else None
+    except RoamError as e:
+        theirs = str(e)
+    return chosen, ours, unreached, theirs
+
+
+def row(path: Path, loss: str, folder: Path) -> str:
+    """Plans of both steps as exported (Dropout on); gradients with Dropout's ratio 0."""
+    chosen, ours, _, theirs = built(path, loss, dropout=True, ort=True)
     our_plan = plan(standard(full_step(ours)), folder, f"{path.parent.name}.roam")
     cells = [path.parent.name, str(len(chosen.trainable)),
              f"{our_plan['persistent_bytes'] / KIB:.0f}", f"{our_plan['arena_bytes'] / KIB:.0f}"]
-    try:
-        theirs = training_graph.build(model, chosen, loss, None).training
-    except RoamError as e:
-        return " | ".join(cells + ["-", "-", "-", f"ORT route unavailable: {e}"])
+    if isinstance(theirs, str):
+        return " | ".join(cells + ["-", "-", "-", f"ORT route unavailable: {theirs}"])
     their_plan = plan(full_step(theirs), folder, f"{path.parent.name}.ort")
+    chosen, ours, unreached, theirs = built(path, loss, dropout=False, ort=True)
     feeds = feeds_for(theirs)
     params = [p for p in chosen.trainable if p not in unreached]
     a, b = gradients(standard(ours), params, feeds), gradients(theirs, params, feeds)

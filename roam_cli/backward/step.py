@@ -11,7 +11,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from roam_cli.backward.engine import static_types
-from roam_cli.backward.fuse import fuse_gelu
+from roam_cli.backward.rewrite import fuse_gelu, inactive_dropouts_to_identity
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.frontend.training_graph import Artifacts, Survey
@@ -28,6 +28,7 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     out.CopyFrom(model)
     loss_name = add_loss(out, loss, static_types(out))
     fuse_gelu(out)
+    inactive_dropouts_to_identity(out)
     as_inputs(out.graph, [*trainable, *frozen])
     training, grads = gradient_model(out, trainable, loss_name)
     g = training.graph

@@ -1,9 +1,15 @@
-"""GELU written out by exporters, fused back into ONNX's Gelu (opset 20) before differentiating:
-the backward of the written-out form keeps three activation-sized tensors per layer (x, 0.5 x,
-1 + tanh/erf), Gelu's keeps x alone. The forms recognised are PyTorch's two:
+"""Forward rewrites before differentiating that shrink what the backward keeps, without changing
+what the forward computes.
+
+`fuse_gelu`: GELU written out by exporters, fused back into ONNX's Gelu (opset 20): the backward
+of the written-out form keeps three activation-sized tensors per layer (x, 0.5 x, 1 + tanh/erf),
+Gelu's keeps x alone. The forms recognised are PyTorch's two:
   erf:  x * 0.5 * (1 + erf(x / sqrt 2))                                       (BERT, ViT)
   tanh: x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))               (GPT-2)
-with the factors of each product in any order. Intermediate tensors read elsewhere stop a match."""
+with the factors of each product in any order. Intermediate tensors read elsewhere stop a match.
+
+`inactive_dropouts_to_identity`: a Dropout with a constant ratio of 0 or training_mode false is the
+identity, a view that keeps no copy and no mask."""
 
 from __future__ import annotations
 
@@ -108,3 +114,19 @@ def fuse_gelu(model: onnx.ModelProto) -> int:
     del g.node[:]
     g.node.extend(kept)
     return len(fused)
+
+
+def inactive_dropouts_to_identity(model: onnx.ModelProto) -> int:
+    """Every Dropout that drops nothing becomes an Identity, in place; how many."""
+    graph = Graph(model.graph)
+    values = graph.values
+    count = 0
+    for n in model.graph.node:
+        if n.op_type != "Dropout" or any(graph.readers[o] for o in n.output[1:] if o):
+            continue  # a mask something reads
+        ratio = values.get(n.input[1]) if len(n.input) > 1 and n.input[1] else np.array(0.5)
+        mode = values.get(n.input[2]) if len(n.input) > 2 and n.input[2] else np.array(False)
+        if (mode is not None and not bool(mode.ravel()[0])) or (ratio is not None and float(ratio.ravel()[0]) == 0.0):
+            n.CopyFrom(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name))
+            count += 1
+    return count
