@@ -32,27 +32,33 @@ BINARY = ["Add", "Sub", "Mul", "Max", "MatMul"]
 @st.composite
 def small_graphs(draw):
     """3 to 7 ops over a[2,3], b[3], c[2,1], w[3,3]; each reads earlier tensors, so tensors fan out
-    and broadcast. Div divides by 1.5 + sigmoid (never near 0)."""
-    tensors = ["a", "b", "c"]
+    and broadcast. Div divides by 1.5 + sigmoid (never near 0); MatMul takes a [2, 3] tensor."""
+    shapes = {"a": (2, 3), "b": (3,), "c": (2, 1)}
     nodes = []
     for k in range(draw(st.integers(3, 7))):
         op = draw(st.sampled_from(UNARY + BINARY + ["Div"]))
-        x = draw(st.sampled_from(tensors))
+        x = draw(st.sampled_from(sorted(shapes)))
         out = f"t{k}"
         if op in UNARY:
             nodes.append(helper.make_node(op, [x], [out], name=out))
+            shapes[out] = shapes[x]
         elif op == "MatMul":
-            nodes.append(helper.make_node("MatMul", [x if x != "c" else "a", "w"], [out], name=out))
-        elif op == "Div":
-            s = f"{out}.s"
-            nodes += [helper.make_node("Sigmoid", [draw(st.sampled_from(tensors))], [s], name=s),
-                      helper.make_node("Add", [s, "k"], [f"{s}1"], name=f"{s}1"),
-                      helper.make_node("Div", [x, f"{s}1"], [out], name=out)]
+            x = draw(st.sampled_from(sorted(t for t, shape in shapes.items() if shape == (2, 3))))
+            nodes.append(helper.make_node("MatMul", [x, "w"], [out], name=out))
+            shapes[out] = (2, 3)
         else:
-            nodes.append(helper.make_node(op, [x, draw(st.sampled_from(tensors))], [out], name=out))
-        tensors.append(out)
-    # the result reads the last tensor and every earlier one, broadcast to [2, 3]
-    nodes.append(helper.make_node("Sum", [*tensors[3:], "a"], ["y"], name="y"))
+            y = draw(st.sampled_from(sorted(shapes)))
+            if op == "Div":
+                s = f"{out}.s"
+                nodes += [helper.make_node("Sigmoid", [y], [s], name=s),
+                          helper.make_node("Add", [s, "k"], [f"{s}1"], name=f"{s}1")]
+                y = f"{s}1"
+                shapes[y] = shapes[nodes[-2].input[0]]
+            nodes.append(helper.make_node(op, [x, y], [out], name=out))
+            shapes[out] = np.broadcast_shapes(shapes[x], shapes[y])
+    # the result reads every tensor made, broadcast to [2, 3]
+    made = [t for t in shapes if t.startswith("t")]
+    nodes.append(helper.make_node("Sum", [*made, "a"], ["y"], name="y"))
     return nodes
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 from roam_cli.lower.emit import Emit, Lowering
@@ -22,6 +22,12 @@ class Tape(Lowering):
     def __init__(self, model: onnx.ModelProto, static: dict[str, tuple[int, tuple[int, ...]]]):
         super().__init__(model)
         self.static = dict(static)
+        # the forward's small constants, reused by value: each initializer costs an aligned block
+        self.existing = {}
+        for t in model.graph.initializer:
+            if not t.external_data and int(np.prod(t.dims)) <= 64:
+                array = numpy_helper.to_array(t)
+                self.existing.setdefault((t.data_type, array.shape, array.tobytes()), t.name)
 
     @staticmethod
     def attr_of(node: onnx.NodeProto, name: str):
@@ -39,7 +45,8 @@ class Tape(Lowering):
         return list(self.static[name][1]) if name in self.static else super().shape(name)
 
     def const(self, value, dtype: int) -> str:
-        name = super().const(value, dtype)
+        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
+        name = self.existing.get((dtype, array.shape, array.tobytes())) or super().const(value, dtype)
         self.static[name] = (dtype, np.shape(value))
         return name
 
