@@ -147,6 +147,25 @@ CASES = [
     ("AveragePool-pads-included-ceil", [n("AveragePool", "a", kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 0, 0],
                                           count_include_pad=1, ceil_mode=1)], {"a": f32(1, 1, 6, 6)}, "a", {}),
     ("GlobalAveragePool", [n("GlobalAveragePool", "a")], {"a": f32(2, 3, 2, 2)}, "a", {}),
+    # more attributes and operand forms
+    ("Gemm-scalar-C", [n("Gemm", "abc", beta=0.5)], {"a": f64(2, 3), "b": f64(3, 4), "c": f64(1)}, "abc", {}),
+    ("Gemm-full-C-transA", [n("Gemm", "abc", transA=1)], {"a": f64(3, 2), "b": f64(3, 4), "c": f64(2, 4)}, "abc", {}),
+    ("Softmax-default-axis", [n("Softmax", "a")], {"a": f64(2, 3, 4)}, "a", {}),
+    ("LogSoftmax-axis-0", [n("LogSoftmax", "a", axis=0)], {"a": f64(3, 2)}, "a", {}),
+    ("ReduceSum-keepdims-negative-axes", [n("ReduceSum", ["a", "ax"])], {"a": f64(2, 3, 4)}, "a", {"ax": i64(-1, -3)}),
+    ("Squeeze-all", [n("Squeeze", "a")], {"a": f64(1, 3, 1)}, "a", {}),
+    ("Einsum-three-operands", [n("Einsum", "abc", equation="ij,jk,k->i")], {"a": f64(2, 3), "b": f64(3, 4), "c": f64(4)},
+     "abc", {}),
+    ("Where-broadcast-condition", [n("Where", ["c", "a", "b"])], {"a": f64(2, 3), "b": f64(2, 1)}, "ab",
+     {"c": np.array([True, False, True])}),
+    ("Clip-max-only", [n("Clip", ["a", "", "hi"])], {"a": np.array([[-2.0, 0.7, 0.2]])}, "a", {"hi": np.array(0.5)}),
+    ("Sum-one-input", [n("Sum", "a")], {"a": f64(2, 3)}, "a", {}),
+    ("Concat-with-a-constant", [n("Concat", ["a", "k"], axis=0)], {"a": f64(1, 3)}, "a", {"k": np.ones((2, 3))}),
+    ("Tanh-fan-out", [n("Tanh", "a", ("t",)), n("Mul", ["t", "t"], ("u",)), n("Add", ["u", "t"])], {"a": f64(2, 3)}, "a", {}),
+    ("Conv-auto-pad-valid", [n("Conv", "aw", auto_pad="VALID")], {"a": f32(1, 1, 4, 4), "w": f32(2, 1, 2, 2)}, "aw", {}),
+    ("MaxPool-dilations-ceil", [n("MaxPool", "a", kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 1], ceil_mode=1)],
+     {"a": distinct(1, 2, 5, 5)}, "a", {}),
+    ("MaxPool-1d", [n("MaxPool", "a", kernel_shape=[3], strides=[1])], {"a": distinct(2, 2, 6)}, "a", {}),
 ]
 
 
