@@ -31,9 +31,12 @@ def differentiable_inputs(node: onnx.NodeProto) -> range | tuple[int, ...]:
 def on_path(g: onnx.GraphProto, wrt: set[str], loss: str, tape: Tape) -> tuple[set[str], list[onnx.NodeProto]]:
     """The float tensors a trainable input reaches through differentiable operands, and the nodes
     between the trainable inputs and the loss, in forward order; refusals for what cannot pass."""
+    def stops(n: onnx.NodeProto) -> bool:
+        return (n.domain or "ai.onnx") == "ai.onnx" and n.op_type in NONDIFFERENTIABLE
+
     active = set(wrt)
     for n in g.node:
-        if (n.domain or "ai.onnx") == "ai.onnx" and n.op_type in NONDIFFERENTIABLE:
+        if stops(n):
             continue
         if any(n.input[k] in active for k in differentiable_inputs(n) if k < len(n.input)):
             active.update(o for o in n.output if o and tape.dtype(o) in FLOAT_TYPES)
@@ -41,10 +44,10 @@ def on_path(g: onnx.GraphProto, wrt: set[str], loss: str, tape: Tape) -> tuple[s
                 active.update(o for o in n.output if o)  # an integer result of a parameter: refused if needed
     needed = {loss}
     path = []
-    for n in reversed(g.node):
-        if not any(o in needed for o in n.output if o):
+    for n in reversed(g.node):  # what the loss depends on differentiably: not through shapes or indices
+        if stops(n) or not any(o in needed for o in n.output if o):
             continue
-        needed.update(x for x in n.input if x)
+        needed.update(n.input[k] for k in differentiable_inputs(n) if k < len(n.input) and n.input[k])
         if any(o in active for o in n.output if o):
             path.append(n)
     for n in path:
