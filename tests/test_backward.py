@@ -165,6 +165,14 @@ CASES = [
     ("Conv-auto-pad-valid", [n("Conv", "aw", auto_pad="VALID")], {"a": f32(1, 1, 4, 4), "w": f32(2, 1, 2, 2)}, "aw", {}),
     ("MaxPool-dilations-ceil", [n("MaxPool", "a", kernel_shape=[2, 2], strides=[2, 2], dilations=[2, 1], ceil_mode=1)],
      {"a": distinct(1, 2, 5, 5)}, "a", {}),
+    ("SoftmaxCrossEntropyLoss-ignore-index", [n("SoftmaxCrossEntropyLoss", ["a", "lab"], ignore_index=1)],
+     {"a": f32(4, 3)}, "a", {"lab": i64(0, 1, 2, 2)}),
+    ("SoftmaxCrossEntropyLoss-weights-sum", [n("SoftmaxCrossEntropyLoss", ["a", "lab", "w"], reduction="sum")],
+     {"a": f32(2, 3, 2)}, "a", {"lab": i64(0, 2, 1, 1).reshape(2, 2), "w": np.array([0.5, 1.0, 2.0], np.float32)}),
+    ("NegativeLogLikelihoodLoss", [n("LogSoftmax", "a", ("lp",)), n("NegativeLogLikelihoodLoss", ["lp", "lab"])],
+     {"a": f32(4, 3)}, "a", {"lab": i64(0, 1, 2, 2)}),
+    ("NegativeLogLikelihoodLoss-none", [n("NegativeLogLikelihoodLoss", ["a", "lab"], reduction="none")],
+     {"a": f32(4, 3)}, "a", {"lab": i64(0, 1, 2, 2)}),
     ("MaxPool-1d", [n("MaxPool", "a", kernel_shape=[3], strides=[1])], {"a": distinct(2, 2, 6)}, "a", {}),
 ]
 
