@@ -165,7 +165,7 @@ for path in sys.argv[1:]:
     moved = sum(not np.array_equal(before[state], feeds[state]) for state in before)
     print(losses[0], losses[1], moved, len(before))
 """
-    proc = subprocess.run([str(ORT131), "-c", script, *paths], capture_output=True, text=True)
+    proc = subprocess.run([str(ORT131), "-c", script, *paths], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in proc.stdout.split("\n")[:3]:
         first, second, moved, states = map(float, line.split())
@@ -372,5 +372,5 @@ def test_a_parameter_reaching_the_loss_only_through_a_shape_needs_no_rule():
     m = model([node("Selu", ["p.w"], ["s"]), node("Shape", ["s"], ["shape"]), node("Reshape", ["x", "shape"], ["r"]),
                node("Mul", ["r", "p.w"], ["y"]), node("ReduceSum", ["y"], ["loss"], keepdims=0)],
               [("x", [2, 3]), ("p.w", [2, 3])], [("loss", [])])
-    g, grads = gradient_model(m, ["p.w"], "loss")
+    _, grads = gradient_model(m, ["p.w"], "loss")
     assert grads == {"p.w": "p.w_grad"}

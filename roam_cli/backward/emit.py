@@ -7,12 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
+from roam_cli.frontend.training_graph import FLOAT_TYPES  # noqa: F401 (the types a gradient flows through)
 from roam_cli.lower.emit import Emit, Lowering
-
-FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 
 
 class Tape(Lowering):

@@ -2,8 +2,8 @@
 graph so that `optimizer_graph.full_step`, plans, checkpoints and `roam train` see the same names:
 parameters (trainable and frozen) are graph inputs, each gradient `<param>_grad` is added into
 `<param>_grad.accumulation.buffer` by an InPlaceAccumulatorV2 reset by `lazy_reset_grad`, and
-the outputs are the loss and `<param>_grad.accumulation.out`. `standard` writes either form
-(this graph, or the full step made from it) in standard ONNX."""
+the outputs are the loss and `<param>_grad.accumulation.out`. `training_graph.standard` writes
+either form (this graph, or the full step made from it) in standard ONNX."""
 
 from __future__ import annotations
 
@@ -11,11 +11,10 @@ import onnx
 from onnx import TensorProto, helper
 
 from roam_cli.backward.engine import static_types
-from roam_cli.backward.rewrite import fuse_gelu, inactive_dropouts_to_identity
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
-from roam_cli.frontend.training_graph import Artifacts, Survey
-from roam_cli.lower import lower_model, nonstandard_nodes
+from roam_cli.backward.rewrite import fuse_gelu, inactive_dropouts_to_identity
+from roam_cli.frontend.training_graph import Artifacts, Survey, standard  # noqa: F401 (standard: the last step)
 
 LAZY_RESET = "lazy_reset_grad"
 
@@ -64,11 +63,6 @@ def as_inputs(g: onnx.GraphProto, names: list[str]) -> None:
     del g.initializer[:]
     g.initializer.extend(kept)
     g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
-
-
-def standard(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The graph in standard ONNX (accumulators, BatchNormalization's training form lowered)."""
-    return lower_model(model) if nonstandard_nodes(model) else model
 
 
 def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None) -> Artifacts:
