@@ -122,6 +122,8 @@ CASES = [
     ("Softmax", [n("Softmax", "a", axis=1)], {"a": f64(2, 3, 4)}, "a", {}),
     ("LogSoftmax", [n("LogSoftmax", "a")], {"a": f64(2, 5)}, "a", {}),
     ("LayerNormalization", [n("LayerNormalization", "abc")], {"a": f32(2, 3, 4), "b": f32(4), "c": f32(4)}, "abc", {}),
+    ("LayerNormalization-float64-float32-statistics", [n("LayerNormalization", "abc")],
+     {"a": f64(2, 3, 4), "b": f64(4), "c": f64(4)}, "abc", {}),
     ("LayerNormalization-axis", [n("LayerNormalization", "ab", axis=1)], {"a": f32(2, 3, 4), "b": f32(3, 4)}, "ab", {}),
     ("BatchNormalization-training", [n("BatchNormalization", ["a", "s", "b", "m", "v"], ("y", "rm", "rv"), training_mode=1)],
      {"a": f32(3, 2, 2, 2), "s": f32(2), "b": f32(2)}, "asb", {"m": np.zeros(2, np.float32), "v": np.ones(2, np.float32)}),

@@ -56,6 +56,8 @@ def layer_norm(g):
     stats = [*shape[:axis], *[1] * (len(shape) - axis)]
     mean = g.forward_output(1, "mean", stat_type, stats)
     inv = g.forward_output(2, "inv_std_dev", stat_type, stats)
+    if stat_type != g.ctx.dtype(x):  # float16 input, float32 statistics: the gradient is in the input's type
+        mean, inv = (g.op("Cast", s, to=g.ctx.dtype(x)) for s in (mean, inv))
     g.fused(norms.layer_norm_grad, "LayerNormalizationGrad", [g.dy(), x, g.input(1), mean, inv], [0, 1, 2])
 
 
