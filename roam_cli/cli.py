@@ -652,14 +652,17 @@ def lower(obj, model, out_path, as_json):
               help="Optimizer graph to write [default: OUTPUT with .optimizer.onnx].")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Also write the ONNX Runtime checkpoint (the only output that reads the weights).")
+@click.option("--backend", type=click.Choice(["roam", "ort-artifacts"]), default="roam", show_default=True,
+              help="Who builds the backward: roam (standard ONNX, no torch) or ONNX Runtime's training artifacts.")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optimizer, in_graph, optimizer_path,
-                        checkpoint_path):
+                        checkpoint_path, backend):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
-    the graph with ONNX Runtime's training artifacts without reading a weight. Needs torch (the
-    `train` extra), except to turn an existing artifacts training graph into a full step.
+    the backward without reading a weight: roam's own (default; standard ONNX, nothing but onnx
+    installed; no optimizer graph, use --in-graph-optimizer for the step) or, with --backend
+    ort-artifacts, ONNX Runtime's training artifacts (needs torch, the `train` extra).
 
     \b
     Examples:
@@ -669,9 +672,12 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optim
     """
     if optimizer_path is None:
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
+    from roam_cli.backward import step
+
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
-                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path)
+                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
+                               backward=step.build if backend == "roam" else training_graph.build)
     if made.survey is not None and not obj["quiet"]:
         s = made.survey
         out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",

@@ -276,14 +276,14 @@ def test_cli_needs_a_loss_for_an_inference_export(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
 
 
-def test_cli_without_torch_says_what_to_install(tmp_path):
+def test_cli_ort_artifacts_backend_without_torch_says_what_to_install(tmp_path):
     fake = tmp_path / "site" / "torch"
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     path = save(survey_graph(), tmp_path / "m.onnx")
     env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "PYTHONPATH": str(tmp_path / "site")}
     proc = subprocess.run([sys.executable, "-m", "roam_cli", "make-training-graph", path, "-o", tmp_path / "t.onnx",
-                           "--loss", "mse"], capture_output=True, text=True, env=env)
+                           "--loss", "mse", "--backend", "ort-artifacts"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2
     assert proc.stderr.startswith("roam: error: building a training graph needs torch")
     assert "download.pytorch.org/whl/cpu" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1

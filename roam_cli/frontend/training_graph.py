@@ -84,6 +84,7 @@ class Survey:
     elements: int  # trainable elements
     folded: list[str] = field(default_factory=list)  # float constants with parameter-like values
     shared: dict[str, int] = field(default_factory=dict)  # trainable read by N nodes in the same role
+    unreached: list[str] = field(default_factory=list)  # named trainable, but the loss does not depend on them
 
     def warnings(self) -> list[str]:
         out = []
@@ -96,6 +97,9 @@ class Survey:
             out.append(f"{len(self.shared)} parameters are each read by several nodes in the same role ({name}: {n}): "
                        "tied weights, or equal initial values the exporter merged into one? if merged, perturb the "
                        "weights before exporting or export with optimize=False")
+        if self.unreached:
+            out.append(f"{len(self.unreached)} parameters do not affect the loss ({', '.join(self.unreached[:3])}"
+                       f"{', ...' if len(self.unreached) > 3 else ''}): they get no gradient and are not updated")
         return out
 
 
@@ -262,11 +266,13 @@ class Made:
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
-         optimizer_path: Path | None = None, checkpoint_path: Path | None = None) -> Made:
+         optimizer_path: Path | None = None, checkpoint_path: Path | None = None, backward=build) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step.
 
-    An input that already is an artifacts training graph can only become a full step; that path
-    needs neither torch nor onnxruntime.training."""
+    `backward` builds the training graph: `build` (ONNX Runtime's artifacts) or roam's own
+    (`roam_cli.backward.step.build`: standard ONNX, no optimizer graph). An input that already is
+    an artifacts training graph can only become a full step; that path needs neither torch nor
+    onnxruntime.training."""
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
     from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
@@ -298,17 +304,24 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     repaired = repair(model)
     clamp_ir(model)
     chosen = survey(model, requires_grad, frozen)
-    built = build(model, chosen, loss, None if in_graph else optimizer)
-    step = full_step(built.training, optimizer) if in_graph else None
+    built = backward(model, chosen, loss, None if in_graph else optimizer)
+    graph = full_step(built.training, optimizer) if in_graph else built.training
+    graph = graph if backward is build else standard(graph)
     if checkpoint_path:  # first: reading the weights may still fail
         write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
         written.append((checkpoint_path, "checkpoint", 0))
-    if in_graph:
-        write(out_path, "full step", step)
-    else:
-        write(out_path, "training graph", built.training)
+    write(out_path, "full step" if in_graph else "training graph", graph)
+    if not in_graph and built.optimizer is not None:
         write(optimizer_path, "optimizer graph", built.optimizer)
     return Made(chosen, repaired, written)
+
+
+def standard(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` in standard ONNX: roam's backward leaves BatchNormalization's training form and the
+    gradient accumulators to the `lower` package."""
+    from roam_cli.lower import lower_model, nonstandard_nodes
+
+    return lower_model(model) if nonstandard_nodes(model) else model
 
 
 def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:

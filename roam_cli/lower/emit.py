@@ -75,6 +75,10 @@ class Lowering:
         if key not in self.constants:
             text = repr(array.tolist()).replace(" ", "")
             name = f"roam.lower/{onnx.TensorProto.DataType.Name(dtype).lower()}/{text}"
+            if array.ndim != 1:  # a scalar 0 and the axes [0] are two constants
+                name += "/shape=" + "x".join(map(str, array.shape))
+            if name in self.initializers:  # made by an earlier pass over this model: the same value
+                return name
             self.constants[key] = numpy_helper.from_array(array, name)
         return self.constants[key].name
 

@@ -1,0 +1,150 @@
+#!/usr/bin/env python3
+"""roam's backward against ONNX Runtime's artifacts route on the same inference exports: gradients
+and planned memory, one row per model.
+
+    python benchmarks/backward.py                          # tests/fixtures/{tiny_gpt2,tiny_bert,tiny_resnet}
+    python benchmarks/backward.py model.onnx:cross-entropy other.onnx:none
+
+Both full steps (AdamW in the graph) of the export as it is (Dropout on) are planned by
+`roam optimize --recompute off`: persistent bytes, arena, and roam's total as a multiple of
+ORT's (issue 19 asks for at most 1). For the gradients, both training graphs are built again
+with Dropout's ratio set to 0, run on the same random parameters and batch, and each
+parameter's gradient compared (largest difference over the largest magnitude; issue 19 asks
+for 1e-4). The ORT route needs onnxruntime-training and
+torch; without them only roam's columns are printed."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from roam_cli.backward.step import standard, training_model
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend import training_graph
+from roam_cli.frontend.onnx_import import load_model
+from roam_cli.frontend.optimizer_graph import full_step
+
+FIXTURES = [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")]
+KIB = 1024
+
+
+def without_dropout(model: onnx.ModelProto) -> None:
+    """Every Dropout's ratio 0: both routes then compute the same function."""
+    zero = "benchmark_dropout_ratio"
+    model.graph.initializer.append(numpy_helper.from_array(np.array(0.0, np.float32), zero))
+    for n in model.graph.node:
+        if n.op_type == "Dropout":
+            while len(n.input) < 2:
+                n.input.append("")
+            n.input[1] = zero
+
+
+def gradients(model: onnx.ModelProto, params: list[str], feeds: dict) -> dict[str, np.ndarray]:
+    import onnxruntime as ort
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.graph.output.extend(helper.make_empty_tensor_value_info(f"{p}_grad") for p in params)
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(m.SerializeToString(), so, providers=["CPUExecutionProvider"])
+    wanted = {i.name for i in s.get_inputs()}
+    out = s.run([f"{p}_grad" for p in params], {k: v for k, v in feeds.items() if k in wanted})
+    return dict(zip(params, out))
+
+
+def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    feeds = {}
+    for i in model.graph.input:
+        tt = i.type.tensor_type
+        shape = [d.dim_value for d in tt.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(tt.elem_type)
+        if i.name.endswith(".accumulation.buffer"):
+            feeds[i.name] = np.zeros(shape, dtype)
+        elif np.issubdtype(dtype, np.floating):
+            feeds[i.name] = (rng.standard_normal(shape) * (1.0 if i.name.endswith("running_var") is False else 0)
+                             ).astype(dtype) * 0.1 + (1.0 if i.name.endswith(("running_var", "var")) else 0.0)
+        elif dtype == np.bool_:
+            feeds[i.name] = np.ones(shape, dtype)
+        else:
+            feeds[i.name] = rng.integers(0, 10, shape).astype(dtype)
+    return feeds
+
+
+def plan(step: onnx.ModelProto, folder: Path, name: str) -> dict:
+    path = folder / f"{name}.onnx"
+    onnx.save(step, str(path))
+    run = subprocess.run([sys.executable, "-m", "roam_cli", "-q", "optimize", str(path), "-o", str(folder / f"{name}.json"),
+                          "--recompute", "off"], capture_output=True, text=True, cwd=ROOT, check=False)
+    if run.returncode != 0:
+        raise SystemExit(f"roam optimize {name}: {(run.stderr or run.stdout).strip().splitlines()[-1]}")
+    return json.loads((folder / f"{name}.json").read_text())
+
+
+def built(path: Path, loss: str, dropout: bool, ort: bool):
+    """(survey, roam's training graph, parameters it does not reach, ORT's training graph or the
+    reason it could not be built) of the export, its Dropouts as exported or with ratio 0."""
+    model, _ = load_model(path)
+    if not dropout:
+        without_dropout(model)
+    training_graph.repair(model)
+    chosen = training_graph.survey(model)
+    ours, unreached = training_model(model, chosen.trainable, chosen.frozen, loss)
+    try:
+        theirs = training_graph.build(model, chosen, loss, None).training if ort else None
+    except RoamError as e:
+        theirs = str(e)
+    return chosen, ours, unreached, theirs
+
+
+def row(path: Path, loss: str, folder: Path) -> str:
+    """Plans of both steps as exported (Dropout on); gradients with Dropout's ratio 0."""
+    chosen, ours, _, theirs = built(path, loss, dropout=True, ort=True)
+    our_plan = plan(standard(full_step(ours)), folder, f"{path.parent.name}.roam")
+    cells = [path.parent.name, str(len(chosen.trainable)),
+             f"{our_plan['persistent_bytes'] / KIB:.0f}", f"{our_plan['arena_bytes'] / KIB:.0f}"]
+    if isinstance(theirs, str):
+        return " | ".join(cells + ["-", "-", "-", f"ORT route unavailable: {theirs}"])
+    their_plan = plan(full_step(theirs), folder, f"{path.parent.name}.ort")
+    chosen, ours, unreached, theirs = built(path, loss, dropout=False, ort=True)
+    feeds = feeds_for(theirs)
+    params = [p for p in chosen.trainable if p not in unreached]
+    a, b = gradients(standard(ours), params, feeds), gradients(theirs, params, feeds)
+    # relative to the tensor's largest element, with a floor of 1e-3 of the model's largest gradient: a
+    # gradient that is zero in exact arithmetic (an attention key's bias) is float noise in both
+    floor = 1e-3 * max(np.abs(b[p]).max() for p in params)
+    worst = max(np.abs(a[p] - b[p]).max() / max(np.abs(b[p]).max(), floor) for p in params)
+    total = lambda p: p["persistent_bytes"] + p["arena_bytes"]
+    cells += [f"{their_plan['persistent_bytes'] / KIB:.0f}", f"{their_plan['arena_bytes'] / KIB:.0f}",
+              f"{total(our_plan) / total(their_plan):.3f}", f"{worst:.2e}"]
+    return " | ".join(cells)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("models", nargs="*", help="MODEL.onnx:LOSS (default: the three test fixtures)")
+    ap.add_argument("--keep", type=Path, help="folder to keep the steps and plans in")
+    args = ap.parse_args()
+    models = [(Path(m.rsplit(":", 1)[0]), m.rsplit(":", 1)[1]) for m in args.models] or \
+        [(ROOT / "tests" / "fixtures" / name / "forward.onnx", loss) for name, loss in FIXTURES]
+    print(f"machine: {platform.machine()}, {platform.python_version()}; plans with --recompute off")
+    print("model | params | roam persistent KiB | roam arena KiB | ORT persistent KiB | ORT arena KiB | "
+          "roam/ORT total | worst gradient rel. diff")
+    with tempfile.TemporaryDirectory() as scratch:
+        for path, loss in models:
+            print(row(path, loss, args.keep or Path(scratch)), flush=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,132 @@
+"""Forward rewrites before differentiating that shrink what the backward keeps, without changing
+what the forward computes.
+
+`fuse_gelu`: GELU written out by exporters, fused back into ONNX's Gelu (opset 20): the backward
+of the written-out form keeps three activation-sized tensors per layer (x, 0.5 x, 1 + tanh/erf),
+Gelu's keeps x alone. The forms recognised are PyTorch's two:
+  erf:  x * 0.5 * (1 + erf(x / sqrt 2))                                       (BERT, ViT)
+  tanh: x * 0.5 * (1 + tanh(sqrt(2/pi) * (x + 0.044715 * x^3)))               (GPT-2)
+with the factors of each product in any order. Intermediate tensors read elsewhere stop a match.
+
+`inactive_dropouts_to_identity`: a Dropout with a constant ratio of 0 or training_mode false is the
+identity, a view that keeps no copy and no mask."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+SQRT_2, SQRT_2_OVER_PI, CUBIC = math.sqrt(2), math.sqrt(2 / math.pi), 0.044715
+
+
+class Graph:
+    def __init__(self, g: onnx.GraphProto):
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.readers = Counter(x for n in g.node for x in n.input)
+        self.readers.update(o.name for o in g.output)
+        self.values = {t.name: numpy_helper.to_array(t) for t in g.initializer
+                       if not t.external_data and np.prod(t.dims) == 1}
+        for n in g.node:
+            if n.op_type == "Constant" and n.attribute and n.attribute[0].name == "value":
+                value = numpy_helper.to_array(n.attribute[0].t)
+                if value.size == 1:
+                    self.values[n.output[0]] = value
+
+    def scalar(self, x: str, expected: float) -> bool:
+        return x in self.values and abs(float(self.values[x].ravel()[0]) - expected) <= 1e-4 * abs(expected)
+
+    def made_by(self, x: str, op: str, used: list) -> onnx.NodeProto | None:
+        """x's producer if it is `op` and x has no other reader (it disappears with the fusion)."""
+        n = self.producer.get(x)
+        if n is None or n.op_type != op or self.readers[x] != 1:
+            return None
+        used.append(n)
+        return n
+
+    def factors(self, x: str, used: list) -> list[str]:
+        """The factors of the product tree ending at x (Mul nodes read once, flattened)."""
+        n = self.made_by(x, "Mul", used)
+        return [f for y in n.input for f in self.factors(y, used)] if n is not None else [x]
+
+
+def match(graph: Graph, out: str) -> tuple[str, str, list[onnx.NodeProto]] | None:
+    """(x, approximate, nodes) when the tensor `out` is a written-out GELU of x."""
+    root = graph.producer.get(out)
+    if root is None or root.op_type != "Mul":
+        return None
+    used = [root]
+    factors = [f for y in root.input for f in graph.factors(y, used)]
+    half = [f for f in factors if graph.scalar(f, 0.5)]
+    shifted = [f for f in factors if f not in half and (n := graph.producer.get(f)) is not None and n.op_type == "Add"
+               and any(graph.scalar(y, 1.0) for y in n.input)]
+    if len(factors) != 3 or len(half) != 1 or len(shifted) != 1:
+        return None
+    x = next(f for f in factors if f not in half and f not in shifted)
+    add = graph.made_by(shifted[0], "Add", used)
+    if add is None:
+        return None
+    inner = next(y for y in add.input if not graph.scalar(y, 1.0))
+    if (erf := graph.made_by(inner, "Erf", used)) is not None:
+        scaled = graph.producer.get(erf.input[0])
+        ok = scaled is not None and graph.readers[erf.input[0]] == 1 and (
+            (scaled.op_type == "Div" and scaled.input[0] == x and graph.scalar(scaled.input[1], SQRT_2)) or
+            (scaled.op_type == "Mul" and x in scaled.input and any(graph.scalar(y, 1 / SQRT_2) for y in scaled.input)))
+        return (x, "none", used + [scaled]) if ok else None
+    if (tanh := graph.made_by(inner, "Tanh", used)) is not None:
+        outer = graph.factors(tanh.input[0], used)
+        if len(outer) != 2 or not any(graph.scalar(f, SQRT_2_OVER_PI) for f in outer):
+            return None
+        poly = graph.made_by(next(f for f in outer if not graph.scalar(f, SQRT_2_OVER_PI)), "Add", used)
+        if poly is None or list(poly.input).count(x) != 1:
+            return None
+        cubic = graph.factors(next(y for y in poly.input if y != x), used)
+        pows = [f for f in cubic if not graph.scalar(f, CUBIC)]
+        if len(cubic) != 2 or len(pows) != 1:
+            return None
+        power = graph.made_by(pows[0], "Pow", used)
+        if power is None or power.input[0] != x or not graph.scalar(power.input[1], 3.0):
+            return None
+        return x, "tanh", used
+    return None
+
+
+def fuse_gelu(model: onnx.ModelProto) -> int:
+    """Replace every written-out GELU by one Gelu node, in place; how many were fused."""
+    g = model.graph
+    default = next((o for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if default is None or default.version < 18:
+        return 0
+    default.version = max(default.version, 20)  # Gelu's opset; 18 to 20 changes no other op's meaning
+    graph = Graph(g)
+    fused, dropped = {}, set()
+    for n in g.node:
+        if n.op_type == "Mul" and id(n) not in dropped:
+            found = match(graph, n.output[0])
+            if found is not None:
+                x, approximate, nodes = found
+                dropped.update(id(m) for m in nodes)
+                fused[id(n)] = helper.make_node("Gelu", [x], [n.output[0]], name=f"{n.name}/gelu", approximate=approximate)
+    kept = [fused.get(id(n), n) for n in g.node if id(n) in fused or id(n) not in dropped]
+    del g.node[:]
+    g.node.extend(kept)
+    return len(fused)
+
+
+def inactive_dropouts_to_identity(model: onnx.ModelProto) -> int:
+    """Every Dropout that drops nothing becomes an Identity, in place; how many."""
+    graph = Graph(model.graph)
+    values = graph.values
+    count = 0
+    for n in model.graph.node:
+        if n.op_type != "Dropout" or any(graph.readers[o] for o in n.output[1:] if o):
+            continue  # a mask something reads
+        ratio = values.get(n.input[1]) if len(n.input) > 1 and n.input[1] else np.array(0.5)
+        mode = values.get(n.input[2]) if len(n.input) > 2 and n.input[2] else np.array(False)
+        if (mode is not None and not bool(mode.ravel()[0])) or (ratio is not None and float(ratio.ravel()[0]) == 0.0):
+            n.CopyFrom(helper.make_node("Identity", [n.input[0]], [n.output[0]], name=n.name))
+            count += 1
+    return count
