@@ -341,7 +341,10 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
     Needs the weights (ORT reads them), so refuses a model whose external data is absent."""
     import onnxruntime as ort
 
+    from roam_cli.frontend.providers import check_runs
     from roam_cli.frontend.synthetic import synthetic_feeds
+
+    check_runs(model, f"--shapes-from-run {path}")
 
     probe = copy.deepcopy(model)
     g = probe.graph

@@ -36,7 +36,7 @@ from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.frontend.ort_optimize import SessionOptimizations, planned_optimizations
-from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.runtime.replay import replay, storage_roots
 
@@ -293,6 +293,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     """execute_plan() on the plan's graph, read from `model_path`."""
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
+    check_runs(imported.model, str(model_path))
     graph = imported.graph
     storage_roots(graph, plan)  # a plan the replay cannot follow safely stops here
     notes = []

@@ -32,7 +32,7 @@ from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
-from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
 from roam_cli.runtime.allocator import ArenaAllocator
@@ -90,6 +90,7 @@ class PlannedSession:
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
+            check_runs(imported.model, str(model_path))
             self.graph = imported.graph
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
             not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
