@@ -1,3 +1,4 @@
+import importlib.util
 import json
 import os
 import subprocess
@@ -8,6 +9,20 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
+ORT131 = Path("/work/venvs/ort131/bin/python")  # a separate environment with today's onnxruntime
+
+
+def has_training_ops() -> bool:
+    """Whether the installed onnxruntime is onnxruntime-training (it runs the com.microsoft
+    training ops: the fused graphs' gradients and accumulators)."""
+    try:
+        return importlib.util.find_spec("onnxruntime.training") is not None
+    except ImportError:  # no onnxruntime at all
+        return False
+
+
+needs_ort_training = pytest.mark.skipif(not has_training_ops(),
+                                        reason="needs onnxruntime-training (runs ORT's fused training ops)")
 
 
 class Run:
