@@ -613,14 +613,17 @@ def layout_csv(obj, csv_in, csv_out, capacity, time_limit, jobs):
               help="Optimizer graph to write [default: OUTPUT with .optimizer.onnx].")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Also write the ONNX Runtime checkpoint (the only output that reads the weights).")
+@click.option("--fused", is_flag=True,
+              help="Keep ONNX Runtime's fused training ops (runs on onnxruntime-training only) instead of standard ONNX.")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optimizer, in_graph, optimizer_path,
-                        checkpoint_path):
+                        checkpoint_path, fused):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
-    the graph with ONNX Runtime's training artifacts without reading a weight. Needs torch (the
-    `train` extra), except to turn an existing artifacts training graph into a full step.
+    the graph with ONNX Runtime's training artifacts without reading a weight, then writes it in
+    standard ONNX (as `roam lower`; --fused keeps ORT's ops). Needs onnxruntime-training and torch
+    (the `train` extra), except to turn an existing artifacts training graph into a full step.
 
     \b
     Examples:
@@ -630,9 +633,12 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optim
     """
     if optimizer_path is None:
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
+    from roam_cli.lower import lower_model
+
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
-                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path)
+                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
+                               lower=None if fused else lower_model)
     if made.survey is not None and not obj["quiet"]:
         s = made.survey
         out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",

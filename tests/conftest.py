@@ -1,28 +1,35 @@
-import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import onnx
 import pytest
+
+from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
 ORT131 = Path("/work/venvs/ort131/bin/python")  # a separate environment with today's onnxruntime
 
 
-def has_training_ops() -> bool:
-    """Whether the installed onnxruntime is onnxruntime-training (it runs the com.microsoft
-    training ops: the fused graphs' gradients and accumulators)."""
-    try:
-        return importlib.util.find_spec("onnxruntime.training") is not None
-    except ImportError:  # no onnxruntime at all
-        return False
+# The one marker for tests that run ORT's fused training ops: onnxruntime-training installed
+# (roam's own detection), else skipped with the reason.
+needs_ort_training = pytest.mark.skipif(not TRAINING_OPS, reason=f"needs onnxruntime-training (runs ORT's fused "
+                                        f"training ops); this is {RUNTIME}")
 
 
-needs_ort_training = pytest.mark.skipif(not has_training_ops(),
-                                        reason="needs onnxruntime-training (runs ORT's fused training ops)")
+def runnable(path: Path, folder: Path) -> Path:
+    """`path` in the form the installed ONNX Runtime runs: as it is on onnxruntime-training,
+    lowered to standard ONNX (roam lower) in `folder` on any other."""
+    if TRAINING_OPS:
+        return path
+    lower = pytest.importorskip("roam_cli.lower", reason=f"{RUNTIME} runs standard graphs only, and roam lower "
+                                "is not here")
+    out = folder / path.name
+    onnx.save(lower.lower_model(onnx.load(path)), out)
+    return out
 
 
 class Run:

@@ -22,6 +22,7 @@ import contextlib
 import os
 import tempfile
 from collections import Counter
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -166,6 +167,13 @@ class Artifacts:
 
 def training_api():
     """onnxruntime.training.onnxblock, or a one-line error saying what to install."""
+    from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
+
+    if not TRAINING_OPS:
+        raise RoamError(f"building the backward of an inference export needs ONNX Runtime's training artifacts: "
+                        f"onnxruntime-training and torch, in an environment of their own on Python <= 3.12 (see the "
+                        f"README); this one has {RUNTIME}. An artifacts training graph (training_model.onnx) becomes "
+                        "a full step here: make-training-graph it with --in-graph-optimizer")
     try:
         from onnxruntime.training import onnxblock
     except ImportError as e:
@@ -262,8 +270,11 @@ class Made:
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
-         optimizer_path: Path | None = None, checkpoint_path: Path | None = None) -> Made:
+         optimizer_path: Path | None = None, checkpoint_path: Path | None = None,
+         lower: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step.
+    `lower`, applied to every graph before any is written, rewrites ORT's fused ops in standard
+    ONNX (roam_cli.lower); None keeps them.
 
     An input that already is an artifacts training graph can only become a full step; that path
     needs neither torch nor onnxruntime.training."""
@@ -277,9 +288,11 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     model, _ = load_model(infer_path)
     written: list[tuple[Path, str, int]] = []
 
-    def write(path: Path, what: str, proto: onnx.ModelProto) -> None:
-        write_atomic(path, proto.SerializeToString())
-        written.append((path, what, len(proto.graph.node)))
+    def write(*graphs: tuple[Path, str, onnx.ModelProto]) -> None:
+        final = [(path, what, lower(proto) if lower else proto) for path, what, proto in graphs]
+        for path, what, proto in final:
+            write_atomic(path, proto.SerializeToString())
+            written.append((path, what, len(proto.graph.node)))
 
     if gradient_accumulators(model.graph):
         if not in_graph:
@@ -288,7 +301,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         if loss is not None or requires_grad is not None or frozen or checkpoint_path:
             raise RoamError("--loss, --requires-grad, --frozen and --checkpoint apply to inference exports; a "
                             "training graph has its loss, and its parameters are those with gradient accumulators")
-        write(out_path, "full step", full_step(model, optimizer))
+        write((out_path, "full step", full_step(model, optimizer)))
         return Made(None, Counter(), written)
     if loss is None:
         raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
@@ -304,10 +317,9 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
         written.append((checkpoint_path, "checkpoint", 0))
     if in_graph:
-        write(out_path, "full step", step)
+        write((out_path, "full step", step))
     else:
-        write(out_path, "training graph", built.training)
-        write(optimizer_path, "optimizer graph", built.optimizer)
+        write((out_path, "training graph", built.training), (optimizer_path, "optimizer graph", built.optimizer))
     return Made(chosen, repaired, written)
 
 
