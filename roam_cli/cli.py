@@ -596,6 +596,38 @@ def layout_csv(obj, csv_in, csv_out, capacity, time_limit, jobs):
         raise CheckFailed(f"capacity {capacity} not met: height {placed.arena}")
 
 
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
+              help="Standard-ONNX model to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print what was rewritten as JSON.")
+@click.pass_obj
+def lower(obj, model, out_path, as_json):
+    """Rewrite ONNX Runtime's fused training ops (com.microsoft) as standard ONNX ops.
+
+    Same graph inputs and outputs, in the same order; an in-place update (gradient accumulator)
+    adds a graph output `<state>.out`. Any ONNX runtime then runs the graph. Weights are not read.
+
+    \b
+    Example:
+      roam lower training_model.onnx -o training_model.lowered.onnx
+    """
+    from roam_cli import lower as lower_mod
+    from roam_cli.frontend.onnx_import import load_model
+
+    check_output_path(out_path, [model])
+    source, sha = load_model(model)
+    lowered = lower_mod.lower_model(source)
+    lower_mod.write_lowered(lowered, model, sha, out_path)
+    summary = lower_mod.summary(source, lowered)
+    if as_json:
+        out.print_json(json.dumps({"model": str(model), "output": str(out_path), **summary}))
+    elif not obj["quiet"]:
+        rewritten = ", ".join(f"{op} {n}" for op, n in summary["rewritten"].items()) or "nothing to rewrite"
+        out.print(f"wrote {out_path}: {summary['nodes_before']} -> {summary['nodes_after']} nodes; rewritten: "
+                  f"{rewritten}", soft_wrap=True, highlight=False)
+
+
 @cli.command("make-training-graph")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),

@@ -1,0 +1,129 @@
+"""The one helper every rule writes through: standard nodes whose names derive from the fused
+node's name, and constants shared across the model."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from roam_cli.core.errors import RoamError
+
+
+class Lowering:
+    """What the rules need to know of the whole model while it is rewritten: tensor types, the
+    constants made so far, and the graph outputs and in-place pairs a rule adds."""
+
+    def __init__(self, model: onnx.ModelProto):
+        g = model.graph
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False).graph
+        self.types = {vi.name: vi.type.tensor_type for vi in (*g.value_info, *inferred.value_info, *g.input, *g.output)
+                      if vi.type.HasField("tensor_type")}
+        self.initializers = {t.name: t for t in g.initializer}
+        self.graph_outputs = {o.name for o in g.output}
+        self.producer = {o: n for n in g.node for o in n.output}
+        self.taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(self.types) | set(self.initializers)
+        self.constants: dict[tuple, onnx.TensorProto] = {}
+        self.outputs: list[onnx.ValueInfoProto] = []  # graph outputs to append (updated state)
+        self.inplace: dict[str, str] = {}  # new graph output -> the state input it replaces in place
+
+    def claim(self, name: str) -> str:
+        if name in self.taken:
+            raise RoamError(f"the model already has a tensor named {name!r}; lowering needs it for an updated state")
+        self.taken.add(name)
+        return name
+
+    def add_inplace_output(self, new: str, state: str) -> None:
+        """`new` replaces graph input `state` in place: a graph output with the state's type."""
+        if new not in self.graph_outputs:
+            shape = self.shape(state)
+            self.outputs.append(helper.make_tensor_value_info(new, self.dtype(state), shape))
+        self.inplace[new] = state
+
+    def dtype(self, name: str) -> int | None:
+        t = self.types.get(name)
+        if t is not None and t.elem_type:
+            return t.elem_type
+        return self.initializers[name].data_type if name in self.initializers else None
+
+    def shape(self, name: str) -> list[int | str] | None:
+        """Static dims as ints, symbolic ones as their names (None when the rank is unknown)."""
+        if name in self.initializers:
+            return list(self.initializers[name].dims)
+        t = self.types.get(name)
+        if t is None or not t.HasField("shape"):
+            return None
+        return [d.dim_value if d.HasField("dim_value") else d.dim_param for d in t.shape.dim]
+
+    def constant_value(self, name: str) -> np.ndarray | None:
+        """The value of an initializer or a Constant node's output (weights on disk: None)."""
+        if name in self.initializers and not self.initializers[name].external_data:
+            return numpy_helper.to_array(self.initializers[name])
+        node = self.producer.get(name)
+        if node is not None and node.op_type == "Constant" and node.attribute and node.attribute[0].name == "value":
+            return numpy_helper.to_array(node.attribute[0].t)
+        return None
+
+    def const(self, value, dtype: int) -> str:
+        """A constant initializer, one per (dtype, value), named after its value."""
+        array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
+        key = (dtype, array.shape, array.tobytes())
+        if key not in self.constants:
+            text = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in array.ravel().tolist())
+            name = f"roam.lower/{onnx.TensorProto.DataType.Name(dtype).lower()}/{text}"
+            self.constants[key] = numpy_helper.from_array(array, name)
+        return self.constants[key].name
+
+
+class Emit:
+    """Nodes replacing one fused node, named `<node name>/<op type>_<k>`."""
+
+    def __init__(self, node: onnx.NodeProto, ctx: Lowering):
+        self.node, self.ctx = node, ctx
+        self.nodes: list[onnx.NodeProto] = []
+
+    def attr(self, name: str, default=None):
+        for a in self.node.attribute:
+            if a.name == name:
+                return helper.get_attribute_value(a)
+        return default
+
+    def input(self, i: int) -> str | None:
+        return self.node.input[i] if i < len(self.node.input) and self.node.input[i] else None
+
+    def output(self, i: int) -> str | None:
+        return self.node.output[i] if i < len(self.node.output) and self.node.output[i] else None
+
+    def fresh(self, hint: str) -> str:
+        k = len(self.nodes)
+        name = f"{self.node.name}/{hint}_{k}"
+        while name in self.ctx.taken:
+            k += 1
+            name = f"{self.node.name}/{hint}_{k}"
+        self.ctx.taken.add(name)
+        return name
+
+    def op(self, op_type: str, *inputs: str | None, out: str | list[str] | None = None, **attrs):
+        """One standard node; returns its output name (the list, when `out` is a list)."""
+        name = self.fresh(op_type)
+        outputs = out if isinstance(out, list) else [out or name]
+        self.nodes.append(helper.make_node(op_type, [x or "" for x in inputs], outputs, name=name,
+                                           **{k: v for k, v in attrs.items() if v is not None}))
+        return outputs if isinstance(out, list) else outputs[0]
+
+    def const(self, value, like: str | None = None, dtype: int | None = None) -> str:
+        """A constant with `like`'s element type (or `dtype`); a CastLike when that type is unknown."""
+        dtype = dtype or (self.ctx.dtype(like) if like else None)
+        if dtype:
+            return self.ctx.const(value, dtype)
+        return self.op("CastLike", self.ctx.const(value, onnx.TensorProto.FLOAT), like)
+
+    def axes(self, *axes: int) -> str:
+        return self.ctx.const(list(axes), onnx.TensorProto.INT64)
+
+    def rank(self, name: str) -> int:
+        shape = self.ctx.shape(name)
+        if shape is None:
+            raise RoamError(f"cannot lower {self.node.op_type} node {self.node.name!r}: the rank of {name!r} "
+                            "is unknown (no shape information in the model)")
+        return len(shape)

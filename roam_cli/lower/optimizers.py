@@ -1,0 +1,3 @@
+"""ONNX Runtime's optimizer ops (filled in below)."""
+
+RULES = {}

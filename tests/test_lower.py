@@ -1,0 +1,407 @@
+"""Lowering ONNX Runtime's fused training ops to standard ONNX: every rule against the fused op,
+run side by side in onnxruntime-training on random shapes; the lowered sample graph; `roam lower`."""
+
+import hashlib
+import json
+import subprocess
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from conftest import ORT131, SAMPLE, needs_ort_training, roam
+from roam_cli.core.errors import RoamError
+from roam_cli.lower import lower_model, nonstandard_nodes
+
+MS = "com.microsoft"
+rng = np.random.default_rng(0)
+NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+              np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
+              np.dtype(np.bool_): TensorProto.BOOL}
+
+
+def single(op, feeds: dict, outputs: list[str], domain=MS, constants: dict | None = None, **attrs) -> onnx.ModelProto:
+    """A model of one node: `feeds` are graph inputs, `constants` initializers. Outputs are float
+    of the first input's shape unless `out_types` says {name: (elem type, shape)}."""
+    names = list(feeds) + list(constants or {})
+    order = attrs.pop("order", names)
+    out_types = attrs.pop("out_types", {})
+    node = helper.make_node(op, order, outputs, name="fused", domain=domain, **attrs)
+    graph = helper.make_graph(
+        [node], "g", [helper.make_tensor_value_info(k, NP_TO_ONNX[v.dtype], v.shape) for k, v in feeds.items()],
+        [helper.make_tensor_value_info(o, *out_types.get(o, (TensorProto.FLOAT, next(iter(feeds.values())).shape)))
+         for o in outputs if o],
+        [numpy_helper.from_array(np.asarray(v), k) for k, v in (constants or {}).items()])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    return m
+
+
+def run(model: onnx.ModelProto, feeds: dict) -> dict:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
+    names = [o.name for o in sess.get_outputs()]
+    return dict(zip(names, sess.run(None, {k: v.copy() for k, v in feeds.items()})))
+
+
+def check(model: onnx.ModelProto, feeds: dict, rtol=1e-5, atol=1e-6) -> onnx.ModelProto:
+    """Lower, check, run both, compare every output of the fused node."""
+    lowered = lower_model(model)
+    assert nonstandard_nodes(lowered) == []
+    onnx.checker.check_model(lowered, full_check=True)
+    fused, ours = run(model, feeds), run(lowered, feeds)
+    for name, want in fused.items():
+        np.testing.assert_allclose(ours[name], want, rtol=rtol, atol=atol, err_msg=name)
+    return lowered
+
+
+def f32(*shape, scale=1.0):
+    return np.asarray(rng.standard_normal(shape) * scale, dtype=np.float32)
+
+
+
+# --- activations -------------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("shape", [(3, 7), (2, 3, 5)])
+@pytest.mark.parametrize("op,inputs", [
+    ("FastGelu", "x"), ("FastGelu", "xb"), ("Gelu", "x"), ("BiasGelu", "xb"), ("QuickGelu", "x"),
+    ("FastGeluGrad", "dx"), ("GeluGrad", "dx"), ("BiasGeluGrad_dX", "dxb"), ("BiasFastGeluGrad_dX", "dxb"),
+    ("QuickGeluGrad", "dx"), ("ReluGrad", "dx"), ("SigmoidGrad", "dy"), ("TanhGrad", "dy")])
+def test_activation_rules_match_the_fused_op(op, inputs, shape):
+    feeds = {"dY": f32(*shape)} if inputs.startswith("d") else {}
+    if "x" in inputs:
+        feeds["X"] = f32(*shape, scale=2.0)
+    if inputs.endswith("b"):
+        feeds["B"] = f32(shape[-1])  # broadcast over the leading axes
+    if inputs == "dy":  # SigmoidGrad, TanhGrad take the activation's output
+        feeds["Y"] = np.tanh(f32(*shape)) if op == "TanhGrad" else 1 / (1 + np.exp(-f32(*shape)))
+    check(single(op, feeds, ["out"]), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("op", ["QuickGelu", "QuickGeluGrad"])
+def test_quick_gelu_alpha(op):
+    feeds = {"dY": f32(4, 6), "X": f32(4, 6)} if op.endswith("Grad") else {"X": f32(4, 6)}
+    check(single(op, feeds, ["out"], alpha=1.3), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("axis", [-1, 1, 0])
+def test_softmax_grad_13(axis):
+    x = f32(3, 4, 5)
+    y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
+    feeds = {"dY": f32(3, 4, 5), "Y": y.astype(np.float32)}
+    check(single("SoftmaxGrad_13", feeds, ["out"], axis=axis), feeds)
+
+
+# --- losses ------------------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore", [None, 2])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", [(6, 5), (3, 5, 4)])
+def test_softmax_cross_entropy_loss_grad(reduction, ignore, weighted, shape):
+    logits = f32(*shape)
+    log_prob = (logits - np.log(np.exp(logits).sum(axis=1, keepdims=True))).astype(np.float32)
+    label = rng.integers(0, shape[1], (shape[0], *shape[2:])).astype(np.int64)
+    label.flat[0] = 2  # at least one ignored label where ignore_index is 2
+    dy = f32(*label.shape) if reduction == "none" else f32()
+    feeds = {"dY": dy, "log_prob": log_prob, "label": label}
+    if weighted:
+        feeds["weight"] = np.abs(f32(shape[1])) + 0.1
+    attrs = {"reduction": reduction} if ignore is None else {"reduction": reduction, "ignore_index": ignore}
+    check(single("SoftmaxCrossEntropyLossGrad", feeds, ["d_logits"],
+                 out_types={"d_logits": (TensorProto.FLOAT, shape)}, **attrs), feeds)
+
+
+# --- normalisations ----------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("shape,axis", [((4, 6), -1), ((2, 3, 8), -1), ((2, 3, 4), 1)])
+def test_layer_normalization_grad(shape, axis):
+    x, axis_ = f32(*shape), axis % len(shape)
+    axes = tuple(range(axis_, len(shape)))
+    mean = x.mean(axis=axes, keepdims=True)
+    inv = 1 / np.sqrt(x.var(axis=axes, keepdims=True) + 1e-5)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(*shape[axis_:]), "mean": mean.astype(np.float32),
+             "inv": inv.astype(np.float32)}
+    pshape = shape[axis_:]
+    check(single("LayerNormalizationGrad", feeds, ["dX", "dscale", "dbias"], axis=axis, epsilon=1e-5,
+                 out_types={"dscale": (TensorProto.FLOAT, pshape), "dbias": (TensorProto.FLOAT, pshape)}), feeds,
+          rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("shape", [(4, 6), (2, 3, 8)])
+def test_simplified_layer_normalization_and_grad(shape):
+    x = f32(*shape)
+    feeds = {"X": x, "scale": f32(shape[-1])}
+    check(single("SimplifiedLayerNormalization", feeds, ["Y", "inv"], domain="", axis=-1, epsilon=1e-5,
+                 out_types={"inv": (TensorProto.FLOAT, (*shape[:-1], 1))}), feeds)
+    inv = (1 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + 1e-5)).astype(np.float32)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(shape[-1]), "inv": inv}
+    check(single("SimplifiedLayerNormalizationGrad", feeds, ["dX", "dscale"], axis=-1, epsilon=1e-5,
+                 out_types={"dscale": (TensorProto.FLOAT, shape[-1:])}), feeds, rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("shape", [(4, 3, 5, 5), (2, 3, 6)])
+def test_batch_norm_training_forms_and_grad(shape):
+    c = shape[1]
+    x = f32(*shape)
+    feeds = {"X": x, "scale": f32(c), "B": f32(c), "mean": f32(c), "var": np.abs(f32(c)) + 0.5}
+    vec = (TensorProto.FLOAT, (c,))
+    check(single("BatchNormInternal", feeds, ["Y", "rm", "rv", "sm", "sinv"], epsilon=1e-5, momentum=0.9,
+                 out_types={"rm": vec, "rv": vec, "sm": vec, "sinv": vec}), feeds, rtol=1e-4, atol=1e-5)
+    check(single("BatchNormalization", feeds, ["Y", "rm", "rv"], domain="", epsilon=1e-5, momentum=0.9,
+                 training_mode=1, out_types={"rm": vec, "rv": vec}), feeds, rtol=1e-4, atol=1e-5)
+    axes = (0, *range(2, len(shape)))
+    mean = x.mean(axis=axes)
+    inv = (1 / np.sqrt(x.var(axis=axes) + 1e-5)).astype(np.float32)
+    feeds = {"dY": f32(*shape), "X": x, "scale": f32(c), "mean": mean.astype(np.float32), "inv": inv}
+    check(single("BatchNormalizationGrad", feeds, ["dX", "dscale", "dbias"], epsilon=1e-5,
+                 out_types={"dscale": vec, "dbias": vec}), feeds, rtol=1e-4, atol=1e-5)
+
+
+# --- products and the gradients of Gather, Conv, MaxPool --------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("a,b,attrs", [
+    ((5, 4), (4, 3), {}), ((4, 5), (4, 3), {"transA": 1}), ((5, 4), (3, 4), {"transB": 1, "alpha": 0.5}),
+    ((4, 5), (3, 4), {"transA": 1, "transB": 1}), ((2, 5, 4), (3, 4), {"transB": 1}),
+    ((2, 4, 5), (4, 3), {"transA": 1, "alpha": 2.0}), ((2, 3, 5, 4), (2, 3, 4, 6), {}),
+    ((2, 3, 4, 5), (3, 6, 4), {"transA": 1, "transB": 1}), ((5, 2, 4), (2, 4, 3), {"transBatchA": 1}),
+    ((2, 5, 4), (4, 2, 3), {"transBatchB": 1}), ((4, 2, 5), (3, 2, 4), {"transBatchA": 1, "transA": 1,
+                                                                          "transBatchB": 1, "transB": 1})])
+def test_fused_matmul(a, b, attrs):
+    feeds = {"A": f32(*a), "B": f32(*b)}
+
+    def layout(x, batch, last_two):
+        if batch:
+            x = np.moveaxis(x, 0, -2)
+        return np.swapaxes(x, -1, -2) if last_two else x
+
+    want = attrs.get("alpha", 1.0) * (layout(feeds["A"], attrs.get("transBatchA"), attrs.get("transA"))
+                                      @ layout(feeds["B"], attrs.get("transBatchB"), attrs.get("transB")))
+    m = single("FusedMatMul", feeds, ["Y"], out_types={"Y": (TensorProto.FLOAT, want.shape)}, **attrs)
+    check(m, feeds)
+    np.testing.assert_allclose(run(lower_model(m), feeds)["Y"], want, rtol=1e-5, atol=1e-6)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("axis,data,idx", [(0, (7, 4), (2, 3)), (0, (6,), (5,)), (1, (3, 6, 2), (4,)), (2, (2, 3, 5), (2, 2))])
+def test_gather_grad(axis, data, idx):
+    indices = rng.integers(0, data[axis], idx).astype(np.int64)
+    indices.flat[-1] = indices.flat[0]  # a repeated index adds up
+    dy_shape = (*data[:axis], *idx, *data[axis + 1:])
+    feeds = {"shape": np.array(data, dtype=np.int64), "indices": indices, "dY": f32(*dy_shape)}
+    check(single("GatherGrad", feeds, ["dX"], axis=axis, out_types={"dX": (TensorProto.FLOAT, data)}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("x,w,attrs", [
+    ((2, 3, 7, 7), (4, 3, 3, 3), {}),
+    ((2, 4, 8, 8), (6, 4, 3, 3), {"strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ((2, 4, 9, 8), (4, 2, 3, 2), {"group": 2, "strides": [2, 1], "pads": [1, 0, 0, 1], "dilations": [1, 2]}),
+    ((1, 3, 6, 6), (5, 3, 1, 1), {"strides": [2, 2]}),
+    ((2, 3, 10), (4, 3, 3), {"strides": [3], "pads": [1, 1]})])
+def test_conv_grad(x, w, attrs):
+    spatial = len(x) - 2
+    s, d = attrs.get("strides", [1] * spatial), attrs.get("dilations", [1] * spatial)
+    p = attrs.get("pads", [0] * 2 * spatial)
+    out = [(x[2 + k] + p[k] + p[k + spatial] - d[k] * (w[2 + k] - 1) - 1) // s[k] + 1 for k in range(spatial)]
+    feeds = {"dY": f32(x[0], w[0], *out), "X": f32(*x), "W": f32(*w)}
+    check(single("ConvGrad", feeds, ["dX", "dW", "dB"], kernel_shape=list(w[2:]), **attrs,
+                 out_types={"dX": (TensorProto.FLOAT, x), "dW": (TensorProto.FLOAT, w),
+                            "dB": (TensorProto.FLOAT, w[:1])}), feeds, rtol=1e-4, atol=1e-5)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("attrs", [{"kernel_shape": [2, 2], "strides": [2, 2]},
+                                   {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}])
+def test_max_pool_grad(attrs):
+    """MaxPoolGrad of a real MaxPool's indices: the model runs MaxPool, then the gradient."""
+    x = f32(2, 3, 8, 8)
+    pool = helper.make_node("MaxPool", ["X"], ["Y", "I"], name="pool", **attrs)
+    grad = helper.make_node("MaxPoolGrad", ["dY", "I"], ["dX"], name="fused", **attrs)  # ORT: default domain
+    out = (8 + sum(attrs.get("pads", [0, 0, 0, 0])[::2]) - attrs["kernel_shape"][0]) // 2 + 1
+    graph = helper.make_graph([pool, grad], "g", [helper.make_tensor_value_info("X", TensorProto.FLOAT, x.shape),
+                                                  helper.make_tensor_value_info("dY", TensorProto.FLOAT, (2, 3, out, out))],
+                              [helper.make_tensor_value_info("dX", TensorProto.FLOAT, x.shape)])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    feeds = {"X": x, "dY": f32(2, 3, out, out)}
+    check(m, feeds)
+
+
+# --- training utilities ------------------------------------------------------------------------
+
+@needs_ort_training
+@pytest.mark.parametrize("overwrite", [None, False, True])
+@pytest.mark.parametrize("buffer_out", [False, True])
+def test_in_place_accumulator_v2(overwrite, buffer_out):
+    """The fused op writes into its input; the lowered one returns the new buffer as graph output
+    `<buffer>.out` (or its own buffer_out), declared in place over the buffer."""
+    feeds = {"buffer": f32(3, 4), "value": f32(3, 4)}
+    if overwrite is not None:
+        feeds["overwrite"] = np.array([overwrite])
+    outputs = ["flag", "buffer_new"] if buffer_out else ["flag"]
+    m = single("InPlaceAccumulatorV2", feeds, outputs,
+               out_types={"flag": (TensorProto.BOOL, [1]), "buffer_new": (TensorProto.FLOAT, [3, 4])})
+    lowered = check(m, feeds)
+    new = "buffer_new" if buffer_out else "buffer.out"
+    assert [o.name for o in lowered.graph.output] == outputs + ([] if buffer_out else ["buffer.out"])
+    meta = {p.key: p.value for p in lowered.metadata_props}
+    assert json.loads(meta["roam.inplace"]) == {new: "buffer"}
+    want = feeds["value"] if overwrite else feeds["buffer"] + feeds["value"]
+    np.testing.assert_allclose(run(lowered, feeds)[new], want, rtol=1e-6)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("ratio", [None, 0.0, 0.25, "input"])
+@pytest.mark.parametrize("training", [None, True, False])
+def test_dropout_grad(ratio, training):
+    mask = rng.random((4, 5)) > 0.3
+    feeds = {"dY": f32(4, 5), "mask": mask}
+    constants = {}
+    if ratio == "input":
+        feeds["ratio"] = np.array(0.3, dtype=np.float32)
+    elif ratio is not None or training is not None:
+        constants["ratio"] = np.array(0.5 if ratio is None else ratio, dtype=np.float32)
+    if training is not None:
+        constants["training_mode"] = np.array(training)
+    check(single("DropoutGrad", feeds, ["dX"], constants=constants), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("axis", [0, 1, -1])
+def test_concat_training(axis):
+    feeds = {"a": f32(2, 3, 4), "b": f32(2, 3, 4), "c": f32(2, 3, 4)}
+    feeds["b"] = f32(*[5 if k == axis % 3 else n for k, n in enumerate((2, 3, 4))])
+    shape = [sum(v.shape[axis] for v in feeds.values()) if k == axis % 3 else n for k, n in enumerate((2, 3, 4))]
+    check(single("ConcatTraining", feeds, ["y", "lengths"], axis=axis,
+                 out_types={"y": (TensorProto.FLOAT, shape), "lengths": (TensorProto.INT64, [3])}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("sizes", [[1, 4, 1], [2, 2, 2]])
+def test_split_training(sizes):
+    feeds = {"x": f32(3, 6)}
+    constants = {"split": np.array(sizes, dtype=np.int64)}
+    parts = sizes
+    check(single("SplitTraining", feeds, ["a", "b", "c"], constants=constants, axis=1,
+                 out_types={k: (TensorProto.FLOAT, [3, n]) for k, n in zip("abc", parts)}), feeds)
+
+
+@needs_ort_training
+@pytest.mark.parametrize("down", [0, 1])
+def test_scale(down):
+    feeds = {"x": f32(3, 4), "s": np.array(4.0, dtype=np.float32)}
+    check(single("Scale", feeds, ["y"], scale_down=down), feeds)
+
+
+# --- the sample graph, end to end --------------------------------------------------------------
+
+def sample_without_dropout() -> onnx.ModelProto:
+    """The sample with every Dropout ratio 0, so both forms compute the same numbers."""
+    m = onnx.load(str(SAMPLE))
+    ratios = {n.input[1] for n in m.graph.node if n.op_type == "Dropout" and len(n.input) > 1}
+    for t in m.graph.initializer:
+        if t.name in ratios:
+            t.CopyFrom(numpy_helper.from_array(np.zeros_like(numpy_helper.to_array(t)), t.name))
+    return m
+
+
+def sample_feeds(m: onnx.ModelProto, reset: bool) -> dict:
+    feeds = {}
+    for vi in m.graph.input:
+        shape = [d.dim_value for d in vi.type.tensor_type.shape.dim]
+        if vi.name in ("input_ids", "labels"):
+            feeds[vi.name] = rng.integers(0, 50, shape).astype(np.int64)
+        elif vi.name == "lazy_reset_grad":
+            feeds[vi.name] = np.array([reset])
+        else:
+            feeds[vi.name] = f32(*shape, scale=0.1)
+    feeds["labels"][0, :3] = -100  # ignored positions
+    return feeds
+
+
+def test_lowered_sample_is_standard_onnx():
+    lowered = lower_model(onnx.load(str(SAMPLE)))
+    assert nonstandard_nodes(onnx.load(str(SAMPLE))) and nonstandard_nodes(lowered) == []
+    onnx.checker.check_model(lowered, full_check=True)
+    fused = onnx.load(str(SAMPLE))
+    kept = [o.name for o in fused.graph.output]
+    assert [i.name for i in lowered.graph.input] == [i.name for i in fused.graph.input]
+    assert [o.name for o in lowered.graph.output][: len(kept)] == kept
+    buffers = [i.name for i in fused.graph.input if i.name.endswith(".accumulation.buffer")]
+    assert [o.name for o in lowered.graph.output][len(kept):] == [f"{b}.out" for b in buffers]
+
+
+@needs_ort_training
+@pytest.mark.parametrize("reset", [False, True])
+def test_lowered_sample_computes_what_the_fused_one_does(reset):
+    """Loss and every accumulated gradient; the fused graph's accumulators write into their
+    buffers, exposed here as the same `<buffer>.out` outputs."""
+    fused = sample_without_dropout()
+    lowered = lower_model(fused)
+    for n in fused.graph.node:
+        if n.op_type == "InPlaceAccumulatorV2":
+            n.output.append(f"{n.input[0]}.out")
+    fused.graph.output.extend(o for o in lowered.graph.output if o.name.endswith(".buffer.out"))
+    feeds = sample_feeds(fused, reset)
+    want, got = run(fused, feeds), run(lowered, feeds)
+    assert set(want) == set(got) and len(got) == 57
+    for name in want:
+        np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
+
+
+@pytest.mark.skipif(not ORT131.exists(), reason=f"no environment with today's onnxruntime at {ORT131}")
+def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
+    lowered = tmp_path / "lowered.onnx"
+    assert roam("lower", SAMPLE, "-o", lowered).code == 0
+    script = (
+        "import sys, numpy as np, onnxruntime as ort\n"
+        "s = ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])\n"
+        "feeds = {}\n"
+        "for i in s.get_inputs():\n"
+        "    t = {'tensor(float)': np.float32, 'tensor(int64)': np.int64, 'tensor(bool)': np.bool_}[i.type]\n"
+        "    feeds[i.name] = np.full(i.shape, 0.01 if t is np.float32 else 0, t)\n"
+        "out = s.run(None, feeds)\n"
+        "print(ort.__version__, len(out), float(out[0]))\n")
+    proc = subprocess.run([str(ORT131), "-c", script, str(lowered)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    version, outputs, loss = proc.stdout.split()
+    assert version.startswith("1.") and int(outputs) == 57 and np.isfinite(float(loss))
+
+
+# --- roam lower --------------------------------------------------------------------------------
+
+def test_cli_lower_writes_a_standard_model_recording_its_source(tmp_path):
+    out = tmp_path / "lowered.onnx"
+    r = roam("lower", SAMPLE, "-o", out, "--json")
+    assert r.code == 0, r.err
+    summary = r.json()
+    assert summary["rewritten"]["InPlaceAccumulatorV2"] == 28 and summary["nonstandard_after"] == 0
+    lowered = onnx.load(str(out))
+    meta = {p.key: json.loads(p.value) for p in lowered.metadata_props if p.key == "roam.lowered_from"}
+    assert (tmp_path / meta["roam.lowered_from"]["path"]).resolve() == SAMPLE.resolve()
+    assert meta["roam.lowered_from"]["sha256"] == hashlib.sha256(SAMPLE.read_bytes()).hexdigest()
+
+
+def test_cli_lower_refuses_an_op_without_a_rule(tmp_path):
+    feeds = {"x": f32(2, 3)}
+    src = tmp_path / "m.onnx"
+    onnx.save(single("NoSuchFusedOp", feeds, ["y"]), str(src))
+    out = tmp_path / "out.onnx"
+    r = roam("lower", src, "-o", out)
+    assert r.code == 2 and not out.exists()
+    assert len(r.err.strip().splitlines()) == 1 and "NoSuchFusedOp" in r.err and "'fused'" in r.err
+    with pytest.raises(RoamError, match="NoSuchFusedOp node 'fused'"):
+        lower_model(onnx.load(str(src)))
