@@ -665,12 +665,10 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optim
     """
     if optimizer_path is None:
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
-    from roam_cli.lower import lower_model
-
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
                                optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
-                               lower=None if fused else lower_model)
+                               fused=fused)
     if made.survey is not None and not obj["quiet"]:
         s = made.survey
         out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",

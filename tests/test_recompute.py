@@ -432,6 +432,25 @@ def test_check_recompute_refuses_a_copy_of_another_op(planned_free, tmp_path):
         check_recompute(imported.graph, plan["recompute"], step)
 
 
+@pytest.mark.parametrize("tamper, message", [
+    (lambda n: n.input.__setitem__(0, "W") if n.op_type == "Div" else None, "reads other tensors"),
+    (lambda n: n.input.__setitem__(1, "d_node/replay/one") if n.op_type == "Div" else None, "is not a Where"),
+    (lambda n: setattr(n, "op_type", "Mul") if n.op_type == "Div" else None, "is not a copy of 'd_node'"),
+])
+def test_check_recompute_refuses_a_standard_replay_that_computes_something_else(tmp_path, tamper, message):
+    imported, mm = load(tmp_path, dropout_graph("standard"))
+    rewritten, record = recompute.apply(imported, mm, recompute.free(imported.graph, mm), "free")
+    step = {n.name: k for k, n in enumerate(rewritten.graph.nodes)}
+    check_recompute(rewritten.graph, record, step)  # as written: fine
+    m = rewritten.model
+    for n in m.graph.node:
+        if n.name.startswith("d_node/replay"):
+            tamper(n)
+    tampered = import_model(save(m, tmp_path / "tampered.onnx"))
+    with pytest.raises(Violation, match=message):
+        check_recompute(tampered.graph, record, step)
+
+
 # --- ORT computes the same outputs with the copies (property) ----------------------------------
 
 UNARY = ("Relu", "Sigmoid", "Tanh", "Neg", "Abs")

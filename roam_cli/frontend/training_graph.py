@@ -22,7 +22,6 @@ import contextlib
 import os
 import tempfile
 from collections import Counter
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -271,16 +270,16 @@ class Made:
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
          optimizer_path: Path | None = None, checkpoint_path: Path | None = None,
-         lower: Callable[[onnx.ModelProto], onnx.ModelProto] | None = None) -> Made:
-    """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step.
-    `lower`, applied to every graph before any is written, rewrites ORT's fused ops in standard
-    ONNX (roam_cli.lower); None keeps them.
+         fused: bool = False) -> Made:
+    """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
+    in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
     An input that already is an artifacts training graph can only become a full step; that path
     needs neither torch nor onnxruntime.training."""
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
     from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
+    from roam_cli.lower import lower_model
 
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
     for i, path in enumerate(outputs):
@@ -289,7 +288,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     written: list[tuple[Path, str, int]] = []
 
     def write(*graphs: tuple[Path, str, onnx.ModelProto]) -> None:
-        final = [(path, what, lower(proto) if lower else proto) for path, what, proto in graphs]
+        final = [(path, what, proto if fused else lower_model(proto)) for path, what, proto in graphs]
         for path, what, proto in final:
             write_atomic(path, proto.SerializeToString())
             written.append((path, what, len(proto.graph.node)))
