@@ -8,6 +8,7 @@ import onnx
 import pytest
 
 from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
+from roam_cli.lower import lower_model
 
 ROOT = Path(__file__).resolve().parent.parent
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
@@ -20,15 +21,18 @@ needs_ort_training = pytest.mark.skipif(not TRAINING_OPS, reason=f"needs onnxrun
                                         f"training ops); this is {RUNTIME}")
 
 
+def in_runnable_form(m: onnx.ModelProto) -> onnx.ModelProto:
+    """`m` in the form the installed ONNX Runtime runs: as it is on onnxruntime-training, lowered to
+    standard ONNX (roam lower) on any other."""
+    return m if TRAINING_OPS else lower_model(m)
+
+
 def runnable(path: Path, folder: Path) -> Path:
-    """`path` in the form the installed ONNX Runtime runs: as it is on onnxruntime-training,
-    lowered to standard ONNX (roam lower) in `folder` on any other."""
+    """in_runnable_form of the model at `path`: `path` itself, or the lowered model in `folder`."""
     if TRAINING_OPS:
         return path
-    lower = pytest.importorskip("roam_cli.lower", reason=f"{RUNTIME} runs standard graphs only, and roam lower "
-                                "is not here")
     out = folder / path.name
-    onnx.save(lower.lower_model(onnx.load(path)), out)
+    onnx.save(lower_model(onnx.load(path)), out)
     return out
 
 
@@ -47,10 +51,22 @@ def roam(*args, cwd=None) -> Run:
     return Run(proc)
 
 
+def planned(model: Path, d: Path) -> tuple:
+    r = roam("optimize", model, "-o", d / "plan.json", "--annotated-model", d / "annotated.onnx")
+    assert r.code == 0, r.err
+    return model, d / "plan.json", json.loads((d / "plan.json").read_text()), d / "annotated.onnx"
+
+
 @pytest.fixture(scope="session")
 def sample_plan(tmp_path_factory):
-    """The sample model planned once: (model path, plan path, plan dict)."""
-    d = tmp_path_factory.mktemp("sample")
-    r = roam("optimize", SAMPLE, "-o", d / "plan.json", "--annotated-model", d / "annotated.onnx")
-    assert r.code == 0, r.err
-    return SAMPLE, d / "plan.json", json.loads((d / "plan.json").read_text()), d / "annotated.onnx"
+    """The sample model planned once: (model path, plan path, plan dict, annotated model path)."""
+    return planned(SAMPLE, tmp_path_factory.mktemp("sample"))
+
+
+@pytest.fixture(scope="session")
+def runnable_plan(sample_plan, tmp_path_factory):
+    """sample_plan for the sample in the form the installed ONNX Runtime runs (`runnable`)."""
+    if TRAINING_OPS:
+        return sample_plan
+    d = tmp_path_factory.mktemp("runnable")
+    return planned(runnable(SAMPLE, d), d)
