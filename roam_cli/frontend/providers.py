@@ -5,6 +5,7 @@ onnxruntime, onnxruntime-gpu and onnxruntime-training(-cpu) all ship the one `on
 so an environment holds one of them: roam asks the module which package it came from."""
 
 import importlib.metadata
+from pathlib import Path
 
 import onnx
 import onnxruntime as ort
@@ -17,6 +18,10 @@ RUNTIME = f"{PACKAGE} {ort.__version__}"
 # onnxruntime-training registers the gradient, accumulator and optimizer kernels (com.microsoft).
 TRAINING_OPS = PACKAGE.startswith("onnxruntime-training")
 STANDARD_DOMAINS = ("", "ai.onnx")
+# Where a session built from bytes finds external data: onnxruntime 1.20 on takes the folder as a
+# session option and refuses absolute locations; 1.19 has no such option and takes absolute ones.
+WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
+FINDS_WEIGHTS_BY_FOLDER = tuple(int(x) for x in ort.__version__.split(".")[:2]) >= (1, 20)
 FIX = ("`roam lower` rewrites the graph in standard ONNX, or run it with onnxruntime-training "
        "(Python <= 3.12, in an environment of its own: see the README)")
 
@@ -81,3 +86,15 @@ def check_runs(model: onnx.ModelProto, what: str) -> None:
         if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
+
+
+def locate_weights(model: onnx.ModelProto, folder: Path) -> dict[str, str]:
+    """Sessions are built from bytes, which name no folder: let this ONNX Runtime find `model`'s
+    external data in `folder`. Returns the session config entries to set (none where the locations
+    were made absolute, as 1.19 needs)."""
+    located = [kv for t in model.graph.initializer for kv in t.external_data if kv.key == "location"]
+    if located and FINDS_WEIGHTS_BY_FOLDER:
+        return {WEIGHTS_FOLDER: str(folder.resolve())}
+    for kv in located:
+        kv.value = str((folder / kv.value).resolve())
+    return {}
