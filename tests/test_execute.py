@@ -64,8 +64,10 @@ def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(runnable_pl
     r = roam("verify", model_path, tmp_path / "bad.json")
     assert r.code == 1 and "overlaps" in r.err and culprit in r.err
     r = roam("execute", model_path, "--plan", tmp_path / "bad.json", "--json")
-    assert r.code == 1 and "the arena replay differs from the plain run" in r.err, r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1, r.err
+    if "replay failed at step" in r.err:  # the clobbered tensor was an index a kernel then refused
+        return
+    assert "the arena replay differs from the plain run" in r.err, r.err
     result = r.json()
     assert result["annotated_run"]["passed"]  # ORT's own allocator never saw the bad offsets
     assert not result["replay"]["passed"] and result["replay"]["not_bitwise"]

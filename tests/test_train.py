@@ -174,7 +174,10 @@ def test_bad_input_is_one_line_and_exit_2(sample_step, tmp_path, args, message):
 
 def test_a_session_made_first_with_ort_arena_is_named_not_silently_used(sample_step):
     message = in_fresh_process(train_after_an_arena_session, sample_step)
-    assert "another ONNX Runtime session with a CPU arena was created in this process first" in message
+    if tuple(map(int, ort.__version__.split(".")[:2])) < (1, 20):  # 1.19 gives every session the first's allocator
+        assert "another ONNX Runtime session with a CPU arena was created in this process first" in message
+    else:  # 1.32 (measured) does not: the plan's arena serves the step
+        assert message == "trained"
 
 
 def train_after_an_arena_session(folder: Path) -> str:
