@@ -1,6 +1,7 @@
 """onnx -> graph -> memory model -> order -> layout -> plan: the whole of `roam optimize`."""
 
 import hashlib
+import json
 import tempfile
 import time
 from collections.abc import Iterator
@@ -13,6 +14,7 @@ from roam_cli.core import annotate, memory, plan as plan_io
 from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
 from roam_cli.frontend.onnx_import import Imported, external_data_files, import_model, load_model
+from roam_cli.lower import LOWERED_FROM_KEY
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -57,8 +59,17 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_
     comparison in stats.ort_optimization. Each of the two plans gets half of the time limit."""
     say = progress or (lambda message: None)
     if options.ort_optimized is None:
-        result = plan_graph(model_path, plan_path, options, say)
+        fused = lowered_from(model_path)
+        each = options if fused is None else replace(options, time_limit=options.time_limit / 2
+                                                     if options.time_limit is not None else None)
+        result = plan_graph(model_path, plan_path, each, say)
         result.plan["source_model"] = dict(result.plan["model"])
+        if fused is not None:
+            say("planning the fused graph it was lowered from")
+            before = plan_graph(fused, plan_path, each, say)
+            result.plan["stats"]["lowering"] = {"fused_model": before.plan["model"],
+                                                "fused": graph_figures(before.plan),
+                                                "lowered": graph_figures(result.plan)}
         return result
     from roam_cli.frontend import ort_optimize  # ONNX Runtime is loaded only when asked for
 
@@ -78,6 +89,19 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_
         plan["stats"]["seconds"] |= {"ort_optimize": optimizing,
                                      "plan_unoptimized": sum(before.plan["stats"]["seconds"].values())}
     return result
+
+
+def lowered_from(model_path: Path) -> Path | None:
+    """The fused model a `roam lower` output was made from, when it is still there unchanged."""
+    model, _ = load_model(model_path)
+    meta = {p.key: p.value for p in model.metadata_props}
+    try:
+        source = json.loads(meta[LOWERED_FROM_KEY])
+        path = model_path.parent / source["path"]
+        same = path.is_file() and hashlib.sha256(path.read_bytes()).hexdigest() == source["sha256"]
+    except (KeyError, ValueError, TypeError, OSError):
+        return None
+    return path if same else None
 
 
 def graph_figures(plan: dict) -> dict:

@@ -45,7 +45,8 @@ def run(model: onnx.ModelProto, feeds: dict) -> dict:
     opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     sess = ort.InferenceSession(model.SerializeToString(), opts, providers=["CPUExecutionProvider"])
     names = [o.name for o in sess.get_outputs()]
-    return dict(zip(names, sess.run(None, {k: v.copy() for k, v in feeds.items()})))
+    copies = {k: [x.copy() for x in v] if isinstance(v, list) else v.copy() for k, v in feeds.items()}
+    return dict(zip(names, sess.run(None, copies)))  # (the fused ops write into their inputs)
 
 
 def check(model: onnx.ModelProto, feeds: dict, rtol=1e-5, atol=1e-6) -> onnx.ModelProto:
@@ -91,12 +92,17 @@ def test_quick_gelu_alpha(op):
 
 
 @needs_ort_training
-@pytest.mark.parametrize("axis", [-1, 1, 0])
-def test_softmax_grad_13(axis):
+@pytest.mark.parametrize("op", ["SoftmaxGrad_13", "LogSoftmaxGrad_13", "SoftmaxGrad", "LogSoftmaxGrad"])
+@pytest.mark.parametrize("axis", [-1, 1, 0, None])
+def test_softmax_grads(op, axis):
+    """Y is the forward's output; the pre-13 ops normalise over every axis from `axis` on."""
     x = f32(3, 4, 5)
-    y = np.exp(x) / np.exp(x).sum(axis=axis, keepdims=True)
-    feeds = {"dY": f32(3, 4, 5), "Y": y.astype(np.float32)}
-    check(single("SoftmaxGrad_13", feeds, ["out"], axis=axis), feeds)
+    coerced = not op.endswith("_13")
+    a = (1 if coerced else -1) if axis is None else axis
+    axes = tuple(range(a % 3, 3)) if coerced else a
+    y = x - np.log(np.exp(x).sum(axis=axes, keepdims=True))
+    feeds = {"dY": f32(3, 4, 5), "Y": (y if op.startswith("Log") else np.exp(y)).astype(np.float32)}
+    check(single(op, feeds, ["out"], **({} if axis is None else {"axis": axis})), feeds)
 
 
 # --- losses ------------------------------------------------------------------------------------
@@ -405,3 +411,102 @@ def test_cli_lower_refuses_an_op_without_a_rule(tmp_path):
     assert len(r.err.strip().splitlines()) == 1 and "NoSuchFusedOp" in r.err and "'fused'" in r.err
     with pytest.raises(RoamError, match="NoSuchFusedOp node 'fused'"):
         lower_model(onnx.load(str(src)))
+
+
+# --- optimizers --------------------------------------------------------------------------------
+
+def optimizer_model(op: str, outputs: list[str], **attrs) -> onnx.ModelProto:
+    seq = helper.make_sequence_type_proto(helper.make_tensor_type_proto(TensorProto.FLOAT, None))
+    states = ["weights", "gradients", "m1", "m2"] if op == "AdamWOptimizer" else ["weights", "gradients"]
+    scalars = [helper.make_tensor_value_info("lr", TensorProto.FLOAT, [1])]
+    if op == "AdamWOptimizer":
+        scalars.append(helper.make_tensor_value_info("step", TensorProto.INT64, [1]))
+    node = helper.make_node(op, [v.name for v in scalars] + states, outputs, name="fused", domain=MS, **attrs)
+    outs = [helper.make_tensor_value_info(outputs[0], TensorProto.BOOL, [1])]
+    outs += [helper.make_value_info(o, seq) for o in outputs[1:]]
+    graph = helper.make_graph([node], "g", scalars + [helper.make_value_info(s, seq) for s in states], outs)
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    return m
+
+
+@needs_ort_training
+@pytest.mark.parametrize("op,attrs", [
+    ("AdamWOptimizer", {"adam_mode": 1, "correct_bias": 1, "weight_decay": 0.0, "epsilon": 1e-6}),
+    ("AdamWOptimizer", {"adam_mode": 1, "weight_decay": 0.1}),
+    ("AdamWOptimizer", {"adam_mode": 0, "weight_decay": 0.1, "alpha": 0.8, "beta": 0.99}),
+    ("AdamWOptimizer", {"adam_mode": 1, "correct_bias": 0}),
+    ("SGDOptimizerV2", {})])
+def test_optimizers(op, attrs):
+    """With the new sequences as the node's outputs, and without (ORT's artifacts form: updated
+    in place; lowered: graph outputs `<sequence>.out`, declared in place)."""
+    shapes = [(3, 4), (5,), (2, 2, 3)]
+    feeds = {"lr": np.array([0.01], np.float32), "weights": [f32(*s) for s in shapes],
+             "gradients": [f32(*s) for s in shapes]}
+    if op == "AdamWOptimizer":
+        feeds.update(step=np.array([3], np.int64), m1=[f32(*s) for s in shapes],
+                     m2=[np.abs(f32(*s)) for s in shapes])
+    states = ["weights", "m1", "m2"] if op == "AdamWOptimizer" else ["weights"]
+    named = optimizer_model(op, ["flag"] + [f"{s}.new" for s in states], **attrs)
+    want = run(named, feeds)
+    for model, suffix in ((named, ".new"), (optimizer_model(op, ["flag"], **attrs), ".out")):
+        lowered = lower_model(model)
+        assert nonstandard_nodes(lowered) == []
+        onnx.checker.check_model(lowered, full_check=True)
+        got = run(lowered, feeds)
+        assert bool(got["flag"][0])
+        for s in states:
+            for a, b in zip(got[s + suffix], want[s + ".new"], strict=True):
+                np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)
+        if suffix == ".out":
+            meta = {p.key: json.loads(p.value) for p in lowered.metadata_props}
+            assert meta["roam.inplace"] == {f"{s}.out": s for s in states}
+
+
+def test_plan_of_a_lowered_model_carries_the_fused_plan(tmp_path):
+    """optimize plans the fused source too (when it is there, unchanged); report shows both; on
+    the sample, lowering costs no memory."""
+    src = tmp_path / "fused.onnx"
+    src.write_bytes(SAMPLE.read_bytes())
+    assert roam("lower", src, "-o", tmp_path / "lowered.onnx").code == 0
+    assert roam("optimize", tmp_path / "lowered.onnx", "-o", tmp_path / "plan.json").code == 0
+    r = roam("report", tmp_path / "plan.json", "--json")
+    lowering = r.json()["lowering"]
+    assert lowering["fused_model"]["path"] == "fused.onnx"
+    assert lowering["fused"]["nodes"] == 229 and lowering["lowered"]["nodes"] > 229
+    assert lowering["lowered"]["arena_bytes"] <= 1.02 * lowering["fused"]["arena_bytes"]
+    assert "lowered from fused.onnx: 229 →" in roam("report", tmp_path / "plan.json").out
+    src.write_bytes(SAMPLE.read_bytes() + b"\0")  # the source changed: no baseline
+    assert roam("optimize", tmp_path / "lowered.onnx", "-o", tmp_path / "plan2.json").code == 0
+    assert "lowering" not in json.loads((tmp_path / "plan2.json").read_text())["stats"]
+
+
+def test_memory_model_updates_the_lowered_accumulators_in_place(tmp_path):
+    """Each `<buffer>.out` shares its buffer's storage: the lowered accumulators add no transient
+    bytes beyond the fused ones' (only the overwrite branch's one sum lives one step)."""
+    from roam_cli.core import memory
+    from roam_cli.frontend.onnx_import import import_model
+
+    onnx.save(lower_model(onnx.load(str(SAMPLE))), str(tmp_path / "lowered.onnx"))
+    mm = memory.build(import_model(tmp_path / "lowered.onnx", {}).graph)
+    buffers = [n for n in mm.persistent if n.endswith(".accumulation.buffer")]
+    assert len(buffers) == 28
+    for b in buffers:
+        assert mm.storage_of[f"{b}.out"] == b and mm.alias[f"{b}.out"] == "inplace"
+    assert not any(s.root.endswith(".buffer.out") for s in mm.storages)
+    assert {mm.persistent[b] for b in buffers} == {"gradient_buffer"}  # an Add of a gradient into it
+    assert mm.node_class.count("accumulate") == 28
+
+
+@needs_ort_training
+def test_a_model_below_opset_18_is_converted_first():
+    """Opset 17: ReduceMean's axes are an attribute there, an input from 18 on."""
+    x = f32(2, 3, 4)
+    nodes = [helper.make_node("ReduceMean", ["x"], ["m"], name="mean", axes=[-1], keepdims=1),
+             helper.make_node("FastGelu", ["m"], ["y"], name="fused", domain=MS)]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, x.shape)],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, (2, 3, 1))])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17), helper.make_opsetid(MS, 1)])
+    m.ir_version = 10
+    lowered = check(m, {"x": x})
+    assert [(i.domain, i.version) for i in lowered.opset_import] == [("", 20)]

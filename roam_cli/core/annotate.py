@@ -1,4 +1,5 @@
-"""The annotated model: nodes in planned order, plan facts in metadata_props (DESIGN.md)."""
+"""The annotated model: nodes in planned order, plan facts in metadata_props (DESIGN.md), every
+node named (`name_nodes`: the stable generated names of unnamed and duplicate-named nodes)."""
 
 import hashlib
 import json
@@ -10,6 +11,28 @@ from onnx import helper
 
 from roam_cli.core.fileio import write_atomic
 from roam_cli.core.graph import Graph
+
+
+def name_nodes(graph: onnx.GraphProto) -> int:
+    """Give unnamed and duplicate-named nodes unique names `<op_type>_<file index>`.
+
+    The names depend only on the file, so the same model always gets the same names."""
+    taken = {n.name for n in graph.node if n.name}
+    seen: set[str] = set()
+    renamed = 0
+    for i, node in enumerate(graph.node):
+        if node.name and node.name not in seen:
+            seen.add(node.name)
+            continue
+        base = f"{node.op_type}_{i}"
+        name, k = base, 1
+        while name in taken or name in seen:
+            name, k = f"{base}_{k}", k + 1
+        node.name = name
+        seen.add(name)
+        taken.add(name)
+        renamed += 1
+    return renamed
 
 
 def plan_digest(plan: dict) -> str:

@@ -160,7 +160,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     grad_buffers, weights, updated = set(), set(), set()
     for i, targets in writes_into.items():
         n = nodes[i]
-        if n.op_type in ACCUMULATOR_OPS:
+        if n.op_type in ACCUMULATOR_OPS or any(accumulates(graph, t) for t in targets):
             grad_buffers.update(root(t) for t in targets)
         elif n.op_type in OPTIMIZER_WEIGHTS_INPUT:
             weights.add(root(n.inputs[OPTIMIZER_WEIGHTS_INPUT[n.op_type]]))
@@ -181,7 +181,8 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         persistent[name] = kind
 
     # --- node classes -------------------------------------------------------------------------
-    node_class = classify_nodes(graph, set(writes_into), loss)
+    accumulating = {i for i, targets in writes_into.items() if any(root(t) in grad_buffers for t in targets)}
+    node_class = classify_nodes(graph, set(writes_into), loss, accumulating)
 
     # --- storages and tensor kinds ----------------------------------------------------------
     kind: dict[str, str] = dict(persistent)
@@ -233,6 +234,13 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
                        [tuple(sorted(p)) for p in preds], notes)
 
 
+def accumulates(graph: Graph, state: str) -> bool:
+    """A state updated in place that an Add sums with a gradient (`*_grad`): a gradient
+    accumulation buffer written in standard ONNX (`roam lower`'s InPlaceAccumulatorV2)."""
+    return any(graph.nodes[i].op_type == "Add" and any(x.endswith("_grad") for x in graph.nodes[i].inputs)
+               for i in graph.consumers.get(state, ()))
+
+
 def check_acyclic(graph: Graph, preds: list[set[int]]) -> None:
     """The data edges are acyclic (import checked); an in-place rule can still close a cycle:
     a node that must read a state's old value but depends on the state's new value."""
@@ -267,7 +275,7 @@ def names_derived(outputs: tuple[str, ...], aliases_of: dict[str, list[str]]) ->
     return found
 
 
-def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[str]:
+def classify_nodes(graph: Graph, writers: set[int], loss: str | None, accumulating: set[int]) -> list[str]:
     """forward: the loss's ancestors; accumulate: gradient accumulators; update: optimizer steps
     and the chains feeding only them; recompute: copies roam added (RECOMPUTE_KEY); backward:
     the rest."""
@@ -288,7 +296,7 @@ def classify_nodes(graph: Graph, writers: set[int], loss: str | None) -> list[st
     rest = "backward" if loss is not None else "forward"
     classes = ["forward" if i in forward else rest for i in range(len(nodes))]
     for i in writers:
-        classes[i] = "accumulate" if nodes[i].op_type in ACCUMULATOR_OPS else "update"
+        classes[i] = "accumulate" if i in accumulating else "update"
     copies = recompute_copies(graph)
     for i, n in enumerate(nodes):
         if n.name in copies:

@@ -12,6 +12,7 @@ from pathlib import Path
 import onnx
 from google.protobuf.message import DecodeError
 
+from roam_cli.core.annotate import name_nodes
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, Node, Value, element_size, smallest_first_order
 from roam_cli.frontend import shapes
@@ -49,28 +50,6 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
     if not model.graph.node:
         raise RoamError(f"{path}: the ONNX graph has no nodes")
     return model, hashlib.sha256(data).hexdigest()
-
-
-def name_nodes(graph: onnx.GraphProto) -> int:
-    """Give unnamed and duplicate-named nodes unique names `<op_type>_<file index>`.
-
-    The names depend only on the file, so the same model always gets the same names."""
-    taken = {n.name for n in graph.node if n.name}
-    seen: set[str] = set()
-    renamed = 0
-    for i, node in enumerate(graph.node):
-        if node.name and node.name not in seen:
-            seen.add(node.name)
-            continue
-        base = f"{node.op_type}_{i}"
-        name, k = base, 1
-        while name in taken or name in seen:
-            name, k = f"{base}_{k}", k + 1
-        node.name = name
-        seen.add(name)
-        taken.add(name)
-        renamed += 1
-    return renamed
 
 
 def subgraph_captures(node: onnx.NodeProto) -> list[str]:

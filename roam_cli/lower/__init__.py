@@ -1,7 +1,7 @@
 """Lower ONNX Runtime's fused training ops to standard ONNX (issue 18).
 
 `lower_model` rewrites every node outside the standard ONNX operator set as a few standard nodes
-with the same outputs (`RULES`: one rule per op, in the family modules), so that any maintained
+with the same outputs (`RULES`: one rule per op, written in the family modules), so that any maintained
 ONNX runtime runs the graph. Graph inputs and outputs keep their names and order; an in-place
 update (a gradient accumulator, an optimizer step) becomes a graph output `<state>.out`, appended
 after the original outputs and declared in metadata `roam.inplace`, which the memory model writes
@@ -15,21 +15,65 @@ from collections import Counter
 from pathlib import Path
 
 import onnx
-from onnx import helper
+from onnx import helper, version_converter
 
-from roam_cli.core.errors import RoamError
+from roam_cli.core.annotate import name_nodes
+from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.fileio import write_atomic
 from roam_cli.core.memory import INPLACE_KEY
 from roam_cli.lower import activations, grads, losses, norms, optimizers, training
 from roam_cli.lower.emit import Emit, Lowering
 
-RULES = {**losses.RULES, **norms.RULES, **activations.RULES, **grads.RULES, **training.RULES, **optimizers.RULES}
+MS, ONNX = "com.microsoft", ""
+# (domain, op type) -> the rule writing the op's standard form (ORT registers ConvGrad and
+# MaxPoolGrad in the default domain, which ONNX does not define them in).
+RULES = {
+    (MS, "SoftmaxCrossEntropyLossGrad"): losses.softmax_cross_entropy_loss_grad,
+    (MS, "LayerNormalizationGrad"): norms.layer_norm_grad,
+    (MS, "SimplifiedLayerNormalization"): norms.simplified_layer_norm,
+    (ONNX, "SimplifiedLayerNormalization"): norms.simplified_layer_norm,
+    (MS, "SimplifiedLayerNormalizationGrad"): norms.simplified_layer_norm_grad,
+    (ONNX, "BatchNormalization"): norms.batch_norm_training,  # training_mode=1 only (CONDITIONAL)
+    (MS, "BatchNormInternal"): norms.batch_norm_training,
+    (MS, "BatchNormalizationGrad"): norms.batch_norm_grad,
+    (MS, "FastGelu"): activations.fast_gelu,
+    (MS, "FastGeluGrad"): activations.fast_gelu_grad,
+    (MS, "BiasFastGeluGrad_dX"): activations.bias_fast_gelu_grad,
+    (MS, "Gelu"): activations.gelu,
+    (MS, "BiasGelu"): activations.gelu,
+    (MS, "GeluGrad"): activations.gelu_grad,
+    (MS, "BiasGeluGrad_dX"): activations.bias_gelu_grad,
+    (MS, "QuickGelu"): activations.quick_gelu,
+    (MS, "QuickGeluGrad"): activations.quick_gelu_grad,
+    (MS, "ReluGrad"): activations.relu_grad,
+    (MS, "SigmoidGrad"): activations.sigmoid_grad,
+    (MS, "TanhGrad"): activations.tanh_grad,
+    (MS, "SoftmaxGrad_13"): activations.softmax_grad,
+    (MS, "LogSoftmaxGrad_13"): lambda e: activations.softmax_grad(e, log=True),
+    (MS, "SoftmaxGrad"): lambda e: activations.softmax_grad(e, coerced=True),
+    (MS, "LogSoftmaxGrad"): lambda e: activations.softmax_grad(e, log=True, coerced=True),
+    (MS, "FusedMatMul"): grads.fused_matmul,
+    (MS, "GatherGrad"): grads.gather_grad,
+    (MS, "ConvGrad"): grads.conv_grad,
+    (ONNX, "ConvGrad"): grads.conv_grad,
+    (MS, "MaxPoolGrad"): grads.max_pool_grad,
+    (ONNX, "MaxPoolGrad"): grads.max_pool_grad,
+    (MS, "InPlaceAccumulatorV2"): training.in_place_accumulator_v2,
+    (MS, "DropoutGrad"): training.dropout_grad,
+    (MS, "ConcatTraining"): training.concat_training,
+    (MS, "SplitTraining"): training.split_training,
+    (MS, "Scale"): training.scale,
+    (MS, "AdamWOptimizer"): optimizers.adamw,
+    (MS, "SGDOptimizerV2"): optimizers.sgd_v2,
+}
 STANDARD_DOMAINS = ("", "ai.onnx")
 # metadata_props key of a lowered model: {"path": source relative to the model's folder, "sha256"}
 LOWERED_FROM_KEY = "roam.lowered_from"
 # The default-domain opset a lowered model declares at least: Gelu (20) is the newest op a rule
 # writes, and onnxruntime 1.19 and later run it.
 MIN_OPSET = 20
+# Standard ops lowered only in a form today's runtimes do not run.
+CONDITIONAL = {("", "BatchNormalization"): lambda n: any(a.name == "training_mode" and a.i for a in n.attribute)}
 
 
 def rule_for(node: onnx.NodeProto):
@@ -39,10 +83,6 @@ def rule_for(node: onnx.NodeProto):
     if rule is not None and (domain, node.op_type) in CONDITIONAL:
         return rule if CONDITIONAL[(domain, node.op_type)](node) else None
     return rule
-
-
-# Standard ops lowered only in a form today's runtimes do not run.
-CONDITIONAL = {("", "BatchNormalization"): lambda n: any(a.name == "training_mode" and a.i for a in n.attribute)}
 
 
 def nonstandard_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
@@ -61,13 +101,12 @@ def lower_model(model: onnx.ModelProto) -> onnx.ModelProto:
         if rule_for(n) is None:
             raise RoamError(f"cannot lower {n.op_type} node {n.name!r} (domain {n.domain or 'ai.onnx'!r}): "
                             "no rule for this op")
-    check_opset(model)
     out = onnx.ModelProto()
-    out.CopyFrom(model)
-    named = name_nodes(out.graph)
+    out.CopyFrom(at_opset_18(model))
+    name_nodes(out.graph)
     ctx = Lowering(out)
     nodes = []
-    for n in named:
+    for n in list(out.graph.node):
         rule = rule_for(n)
         if rule is None:
             nodes.append(n)
@@ -92,23 +131,17 @@ def lower_model(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def name_nodes(g: onnx.GraphProto) -> list[onnx.NodeProto]:
-    """Every node of the graph, an unnamed one given a name that its generated tensors derive from."""
-    taken = {n.name for n in g.node}
-    for k, n in enumerate(g.node):
-        if not n.name:
-            n.name = next(c for c in (f"{n.op_type}_{k}", f"{n.op_type}_{k}_lowered") if c not in taken)
-            taken.add(n.name)
-    return list(g.node)
-
-
-def check_opset(model: onnx.ModelProto) -> None:
-    """The rules write opset-18 forms (Reduce* axes as inputs); raising an older model to 18
-    would change its own nodes, which is onnx.version_converter's job, not lowering's."""
-    for imp in model.opset_import:
-        if imp.domain in STANDARD_DOMAINS and imp.version < 18:
-            raise RoamError(f"the model imports ONNX opset {imp.version}; lowering needs opset 18 or later "
-                            "(onnx.version_converter.convert_version converts it)")
+def at_opset_18(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model itself when it imports ONNX opset 18 or later, else converted to 18 by
+    onnx.version_converter: the rules write opset-18 forms (Reduce* axes as inputs)."""
+    version = next((imp.version for imp in model.opset_import if imp.domain in STANDARD_DOMAINS), 1)
+    if version >= 18:
+        return model
+    try:
+        return version_converter.convert_version(model, 18)
+    except Exception as e:  # the converter raises bare RuntimeErrors and others
+        raise RoamError(f"cannot convert the model from ONNX opset {version} to 18 for lowering: "
+                        f"{first_line(e)}") from None
 
 
 def set_opsets(model: onnx.ModelProto) -> None:

@@ -79,26 +79,21 @@ def tanh_grad(e):  # inputs dY, Y
     e.op("Mul", dy, e.op("Sub", e.const(1.0, y), e.op("Mul", y, y)), out=e.output(0))
 
 
-def softmax_grad_13(e):
-    """dX = Y (dY - sum(dY Y, axis))."""
+def softmax_grad(e, log: bool = False, coerced: bool = False):
+    """Inputs dY, Y (the forward's output). Softmax: dX = Y (dY - sum(dY Y)); LogSoftmax:
+    dX = dY - exp(Y) sum(dY), the sums along `axis`. The pre-13 ops (`coerced`) normalise over
+    all axes from `axis` on: flattened to 2-D (views) and shaped back."""
     dy, y = e.input(0), e.input(1)
-    dot = e.op("ReduceSum", e.op("Mul", dy, y), e.axes(e.attr("axis", -1)), keepdims=1)
-    e.op("Mul", y, e.op("Sub", dy, dot), out=e.output(0))
-
-
-MS = "com.microsoft"
-RULES = {
-    (MS, "FastGelu"): fast_gelu,
-    (MS, "FastGeluGrad"): fast_gelu_grad,
-    (MS, "BiasFastGeluGrad_dX"): bias_fast_gelu_grad,
-    (MS, "Gelu"): gelu,
-    (MS, "BiasGelu"): gelu,
-    (MS, "GeluGrad"): gelu_grad,
-    (MS, "BiasGeluGrad_dX"): bias_gelu_grad,
-    (MS, "QuickGelu"): quick_gelu,
-    (MS, "QuickGeluGrad"): quick_gelu_grad,
-    (MS, "ReluGrad"): relu_grad,
-    (MS, "SigmoidGrad"): sigmoid_grad,
-    (MS, "TanhGrad"): tanh_grad,
-    (MS, "SoftmaxGrad_13"): softmax_grad_13,
-}
+    axis = e.attr("axis", 1 if coerced else -1)
+    flattened = coerced and axis % e.rank(dy) != e.rank(dy) - 1
+    if flattened:
+        dy, y, axis = e.op("Flatten", dy, axis=axis), e.op("Flatten", y, axis=axis), -1
+    out = None if flattened else e.output(0)
+    if log:
+        total = e.op("ReduceSum", dy, e.axes(axis), keepdims=1)
+        dx = e.op("Sub", dy, e.op("Mul", e.op("Exp", y), total), out=out)
+    else:
+        dot = e.op("ReduceSum", e.op("Mul", dy, y), e.axes(axis), keepdims=1)
+        dx = e.op("Mul", y, e.op("Sub", dy, dot), out=out)
+    if flattened:
+        e.op("Reshape", dx, e.op("Shape", e.input(0)), out=e.output(0))

@@ -21,6 +21,7 @@ class Lowering:
                       if vi.type.HasField("tensor_type")}
         self.initializers = {t.name: t for t in g.initializer}
         self.graph_outputs = {o.name for o in g.output}
+        self.input_types = {vi.name: vi.type for vi in g.input}
         self.producer = {o: n for n in g.node for o in n.output}
         self.taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(self.types) | set(self.initializers)
         self.constants: dict[tuple, onnx.TensorProto] = {}
@@ -36,8 +37,10 @@ class Lowering:
     def add_inplace_output(self, new: str, state: str) -> None:
         """`new` replaces graph input `state` in place: a graph output with the state's type."""
         if new not in self.graph_outputs:
-            shape = self.shape(state)
-            self.outputs.append(helper.make_tensor_value_info(new, self.dtype(state), shape))
+            if state in self.input_types:
+                self.outputs.append(helper.make_value_info(new, self.input_types[state]))
+            else:
+                self.outputs.append(helper.make_tensor_value_info(new, self.dtype(state), self.shape(state)))
         self.inplace[new] = state
 
     def dtype(self, name: str) -> int | None:

@@ -117,13 +117,3 @@ def max_pool_grad(e):
     summed = e.op("ScatterElements", zeros(e, e.axes(size), dy), e.op("Reshape", indices, flat),
                   e.op("Reshape", dy, flat), axis=0, reduction="add")
     e.op("Reshape", summed, e.axes(*x_shape), out=e.output(0))
-
-
-RULES = {
-    ("com.microsoft", "FusedMatMul"): fused_matmul,
-    ("com.microsoft", "GatherGrad"): gather_grad,
-    ("", "ConvGrad"): conv_grad,
-    ("com.microsoft", "ConvGrad"): conv_grad,
-    ("", "MaxPoolGrad"): max_pool_grad,
-    ("com.microsoft", "MaxPoolGrad"): max_pool_grad,
-}

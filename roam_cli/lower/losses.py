@@ -31,6 +31,3 @@ def softmax_cross_entropy_loss_grad(e):
     scaled = e.op("Mul", e.op("Exp", log_prob), per_sample)
     e.op("ScatterElements", scaled, e.op("Unsqueeze", safe, column), e.op("Neg", per_sample),
          out=e.output(0), axis=1, reduction="add")
-
-
-RULES = {("com.microsoft", "SoftmaxCrossEntropyLossGrad"): softmax_cross_entropy_loss_grad}

@@ -91,15 +91,3 @@ def batch_norm_grad(e):
     if e.output(0):
         scaled = e.op("Mul", e.op("Reshape", scale, column), inv)
         e.op("Mul", normalized_grad(e, dy, xhat, axes, True), scaled, out=e.output(0))
-
-
-MS = "com.microsoft"
-RULES = {
-    (MS, "LayerNormalizationGrad"): layer_norm_grad,
-    (MS, "SimplifiedLayerNormalization"): simplified_layer_norm,
-    ("", "SimplifiedLayerNormalization"): simplified_layer_norm,
-    (MS, "SimplifiedLayerNormalizationGrad"): simplified_layer_norm_grad,
-    ("", "BatchNormalization"): batch_norm_training,
-    (MS, "BatchNormInternal"): batch_norm_training,
-    (MS, "BatchNormalizationGrad"): batch_norm_grad,
-}

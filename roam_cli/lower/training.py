@@ -59,13 +59,3 @@ def scale(e):
     x = e.input(0)
     factor = e.op("CastLike", e.input(1), x)
     e.op("Div" if e.attr("scale_down", 0) else "Mul", x, factor, out=e.output(0))
-
-
-MS = "com.microsoft"
-RULES = {
-    (MS, "InPlaceAccumulatorV2"): in_place_accumulator_v2,
-    (MS, "DropoutGrad"): dropout_grad,
-    (MS, "ConcatTraining"): concat_training,
-    (MS, "SplitTraining"): split_training,
-    (MS, "Scale"): scale,
-}

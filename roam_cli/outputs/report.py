@@ -166,6 +166,8 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     effect = ort_effect(plan)
     if effect is not None:
         summary["ort_optimization"] = effect
+    if "lowering" in plan["stats"]:
+        summary["lowering"] = plan["stats"]["lowering"]
     if "recompute" in plan:
         summary["recompute"] = recompute_effect(plan)
     if budget is not None:
@@ -213,17 +215,26 @@ def ort_effect(plan: dict) -> dict | None:
     return {**plan["ort_optimized"], **plan["stats"]["ort_optimization"]}
 
 
-def ort_line(effect: dict) -> str:
-    """What ONNX Runtime's optimisations did to the graph and its plan (summary's ort_optimization)."""
-    before, after = effect["before"], effect["after"]
-
+def change_line(before: dict, after: dict) -> str:
+    """Nodes, peak live and arena of two plans' graph_figures: before → after (relative change)."""
     def change(key: str) -> str:
         relative = after[key] / before[key] - 1 if before[key] else 0.0
         sign = "−" if relative < 0 else "+" if relative > 0 else ""
         return f"{format_bytes(before[key])} → {format_bytes(after[key])} ({sign}{abs(relative):.1%})"
 
-    return (f"ORT optimisations ({effect['level']}, {effect['provider']}): {before['nodes']:,} → {after['nodes']:,} nodes, "
-            f"peak live {change('peak_live_bytes')}, arena {change('arena_bytes')}")
+    return (f"{before['nodes']:,} → {after['nodes']:,} nodes, peak live {change('peak_live_bytes')}, "
+            f"arena {change('arena_bytes')}")
+
+
+def ort_line(effect: dict) -> str:
+    """What ONNX Runtime's optimisations did to the graph and its plan (summary's ort_optimization)."""
+    return (f"ORT optimisations ({effect['level']}, {effect['provider']}): "
+            + change_line(effect["before"], effect["after"]))
+
+
+def lowering_line(lowering: dict) -> str:
+    """The fused graph's plan against this one, of its lowering to standard ONNX (`roam lower`)."""
+    return f"lowered from {lowering['fused_model']['path']}: " + change_line(lowering["fused"], lowering["lowered"])
 
 
 def recompute_effect(plan: dict) -> dict:
@@ -342,6 +353,8 @@ def render_table(s: dict, console: Console) -> None:
     console.print(head)
     if "ort_optimization" in s:
         console.print(ort_line(s["ort_optimization"]), highlight=False)
+    if "lowering" in s:
+        console.print(lowering_line(s["lowering"]), highlight=False)
     if "recompute" in s:
         console.print(recompute_line(s["recompute"]), highlight=False)
         per_class = Table(title="recomputed, by op class", title_justify="left", box=box.SIMPLE_HEAD)
@@ -398,6 +411,8 @@ def render_markdown(s: dict) -> str:
              markdown_table(("", "value"), [(f"**{k}**", v) for k, v in headline(s)], {1})]
     if "ort_optimization" in s:
         parts += ["", ort_line(s["ort_optimization"])]
+    if "lowering" in s:
+        parts += ["", lowering_line(s["lowering"])]
     if "recompute" in s:
         parts += ["", recompute_line(s["recompute"]), "",
                   markdown_table(RECOMPUTE_COLUMNS, recompute_rows(s["recompute"]), {1, 2, 3, 4})]
