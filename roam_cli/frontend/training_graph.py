@@ -304,6 +304,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         return Made(None, Counter(), written)
     if loss is None:
         raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
+    training_api()  # before any work: what to install, if the backward cannot be built here
     absent = sorted(f for f in external_data_files(model) if not (infer_path.parent / f).is_file())
     if checkpoint_path and absent:  # refused before any work: the checkpoint is the one output needing weights
         raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
