@@ -18,6 +18,9 @@ RUNTIME = f"{PACKAGE} {ort.__version__}"
 # onnxruntime-training registers the gradient, accumulator and optimizer kernels (com.microsoft).
 TRAINING_OPS = PACKAGE.startswith("onnxruntime-training")
 STANDARD_DOMAINS = ("", "ai.onnx")
+# The packages that ship the `onnxruntime` module (CPU, GPU, training and vendor builds).
+RUNTIME_PACKAGES = {"onnxruntime", "onnxruntime-gpu", "onnxruntime-training", "onnxruntime-training-cpu",
+                    "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn", "onnxruntime-rocm"}
 # Where a session built from bytes finds external data: onnxruntime 1.20 on takes the folder as a
 # session option and refuses absolute locations; 1.19 has no such option and takes absolute ones.
 WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
@@ -65,9 +68,8 @@ def arena_providers(device: str, options: ort.SessionOptions, same_as_requested:
 
 def one_runtime() -> None:
     """Refuse an environment where two ONNX Runtime packages were installed over each other."""
-    found = sorted({d.metadata["Name"] for d in importlib.metadata.distributions()
-                    if (d.metadata["Name"] or "").lower().startswith("onnxruntime")
-                    and (d.metadata["Name"] or "").lower() != "onnxruntime-extensions"})
+    names = ((d.metadata["Name"] or "").lower().replace("_", "-") for d in importlib.metadata.distributions())
+    found = sorted({name for name in names if name in RUNTIME_PACKAGES})
     if len(found) > 1:
         raise RoamError(f"{' and '.join(found)} are installed in one environment: they ship the same `onnxruntime` "
                         "module and overwrite each other's files; pip uninstall all of them, then install one")
