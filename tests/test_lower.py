@@ -2,8 +2,10 @@
 run side by side in onnxruntime-training on random shapes; the lowered sample graph; `roam lower`."""
 
 import hashlib
+import importlib.util
 import json
 import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -17,6 +19,7 @@ from roam_cli.lower import lower_model, nonstandard_nodes
 MS = "com.microsoft"
 rng = np.random.default_rng(0)
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
+              np.dtype(np.float16): TensorProto.FLOAT16,
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
               np.dtype(np.bool_): TensorProto.BOOL}
 
@@ -368,7 +371,14 @@ def test_lowered_sample_computes_what_the_fused_one_does(reset):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-@pytest.mark.skipif(not ORT131.exists(), reason=f"no environment with today's onnxruntime at {ORT131}")
+def todays_onnxruntime() -> str | None:
+    """A Python whose onnxruntime is today's (no training ops): this one, else ORT131 if present."""
+    if importlib.util.find_spec("onnxruntime.training") is None:
+        return sys.executable
+    return str(ORT131) if ORT131.exists() else None
+
+
+@pytest.mark.skipif(todays_onnxruntime() is None, reason=f"no environment with today's onnxruntime ({ORT131})")
 def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
     lowered = tmp_path / "lowered.onnx"
     assert roam("lower", SAMPLE, "-o", lowered).code == 0
@@ -381,7 +391,7 @@ def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
         "    feeds[i.name] = np.full(i.shape, 0.01 if t is np.float32 else 0, t)\n"
         "out = s.run(None, feeds)\n"
         "print(ort.__version__, len(out), float(out[0]))\n")
-    proc = subprocess.run([str(ORT131), "-c", script, str(lowered)], capture_output=True, text=True)
+    proc = subprocess.run([todays_onnxruntime(), "-c", script, str(lowered)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, outputs, loss = proc.stdout.split()
     assert version.startswith("1.") and int(outputs) == 57 and np.isfinite(float(loss))
@@ -510,3 +520,38 @@ def test_a_model_below_opset_18_is_converted_first():
     m.ir_version = 10
     lowered = check(m, {"x": x})
     assert [(i.domain, i.version) for i in lowered.opset_import] == [("", 20)]
+
+
+def test_a_fused_op_inside_a_subgraph_is_refused():
+    inner = helper.make_graph([helper.make_node("FastGelu", ["x"], ["y"], name="inner", domain=MS)], "then", [],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])])
+    node = helper.make_node("If", ["c"], ["z"], name="branch", then_branch=inner, else_branch=inner)
+    graph = helper.make_graph([node], "g", [helper.make_tensor_value_info("c", TensorProto.BOOL, []),
+                                            helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [2])])
+    m = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18), helper.make_opsetid(MS, 1)])
+    assert [n.name for n in nonstandard_nodes(m)] == ["inner", "inner"]
+    with pytest.raises(RoamError, match="FastGelu node 'inner': it is inside a subgraph"):
+        lower_model(m)
+
+
+def test_cli_lower_keeps_external_weights_referenced_without_reading_them(tmp_path):
+    feeds = {"dY": f32(3, 4), "X": f32(3, 4)}
+    m = single("FastGeluGrad", feeds, ["dX"], constants={"unused_weight": f32(64, 64)})
+    m.graph.node[0].input[:] = ["dY", "X"]
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "w.bin").unlink()  # never read
+    (tmp_path / "out").mkdir()
+    r = roam("lower", tmp_path / "m.onnx", "-o", tmp_path / "out" / "lowered.onnx")
+    assert r.code == 0, r.err
+    lowered = onnx.load(str(tmp_path / "out" / "lowered.onnx"), load_external_data=False)
+    weight = next(t for t in lowered.graph.initializer if t.name == "unused_weight")
+    assert {kv.key: kv.value for kv in weight.external_data}["location"] == "../w.bin"
+
+
+def test_mixed_precision_normalisation_gradient_is_refused():
+    feeds = {"dY": f32(2, 4).astype(np.float16), "X": f32(2, 4).astype(np.float16), "scale": f32(4).astype(np.float16),
+             "mean": f32(2, 1), "inv": f32(2, 1)}
+    m = single("LayerNormalizationGrad", feeds, ["dX"], out_types={"dX": (TensorProto.FLOAT16, (2, 4))})
+    with pytest.raises(RoamError, match="LayerNormalizationGrad node 'fused'.*mixed precision"):
+        lower_model(m)

@@ -86,12 +86,23 @@ def rule_for(node: onnx.NodeProto):
 
 
 def nonstandard_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes that are not standard ONNX (or that ONNX Runtime's inference builds do not run)."""
+    """The nodes, subgraphs' included, that are not standard ONNX (or that ONNX Runtime's
+    inference builds do not run)."""
+    return [n for n in (*model.graph.node, *subgraph_nodes(model.graph)) if nonstandard(n)]
+
+
+def nonstandard(node: onnx.NodeProto) -> bool:
+    domain = "" if node.domain == "ai.onnx" else node.domain
+    return domain not in STANDARD_DOMAINS or not onnx.defs.has(node.op_type) or rule_for(node) is not None
+
+
+def subgraph_nodes(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """The nodes of the control-flow nodes' subgraphs (If, Loop, Scan), at any depth."""
     found = []
-    for n in model.graph.node:
-        domain = "" if n.domain == "ai.onnx" else n.domain
-        if domain not in STANDARD_DOMAINS or not onnx.defs.has(n.op_type) or rule_for(n) is not None:
-            found.append(n)
+    for n in graph.node:
+        for a in n.attribute:
+            for g in ([a.g] if a.HasField("g") else []) + list(a.graphs):
+                found += [*g.node, *subgraph_nodes(g)]
     return found
 
 
@@ -101,6 +112,10 @@ def lower_model(model: onnx.ModelProto) -> onnx.ModelProto:
         if rule_for(n) is None:
             raise RoamError(f"cannot lower {n.op_type} node {n.name!r} (domain {n.domain or 'ai.onnx'!r}): "
                             "no rule for this op")
+    for n in subgraph_nodes(model.graph):
+        if nonstandard(n):
+            raise RoamError(f"cannot lower {n.op_type} node {n.name!r}: it is inside a subgraph (If, Loop, Scan), "
+                            "which lowering does not enter")
     out = onnx.ModelProto()
     out.CopyFrom(at_opset_18(model))
     name_nodes(out.graph)
@@ -147,7 +162,7 @@ def at_opset_18(model: onnx.ModelProto) -> onnx.ModelProto:
 def set_opsets(model: onnx.ModelProto) -> None:
     """Default domain at MIN_OPSET or above (18 to 20 adds ops and types only, no node of the
     model changes meaning); drop the imports no node uses any more."""
-    used = {n.domain for n in model.graph.node} | {""}
+    used = {n.domain for n in (*model.graph.node, *subgraph_nodes(model.graph))} | {""}
     kept = []
     for imp in model.opset_import:
         if imp.domain in STANDARD_DOMAINS:

@@ -68,11 +68,12 @@ class Lowering:
         return None
 
     def const(self, value, dtype: int) -> str:
-        """A constant initializer, one per (dtype, value), named after its value."""
+        """A constant initializer, one per (dtype, value), named after its value (every digit, and
+        brackets for a vector: two values never share a name)."""
         array = np.asarray(value, dtype=helper.tensor_dtype_to_np_dtype(dtype))
         key = (dtype, array.shape, array.tobytes())
         if key not in self.constants:
-            text = ",".join(f"{v:g}" if isinstance(v, float) else str(v) for v in array.ravel().tolist())
+            text = repr(array.tolist()).replace(" ", "")
             name = f"roam.lower/{onnx.TensorProto.DataType.Name(dtype).lower()}/{text}"
             self.constants[key] = numpy_helper.from_array(array, name)
         return self.constants[key].name

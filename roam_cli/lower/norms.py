@@ -2,6 +2,17 @@
 The gradients reuse the statistics the forward saved (mean, inverse standard deviation) and
 reduce in the input's own layout: no transposes, a few input-sized temporaries."""
 
+from roam_cli.core.errors import RoamError
+
+
+def same_type(e, *names: str) -> None:
+    """The rules compute in the input's type: mixed precision (float16 input, float statistics)
+    is refused rather than written as an invalid graph."""
+    types = {e.ctx.dtype(n) for n in names if n} - {None}
+    if len(types) > 1:
+        raise RoamError(f"cannot lower {e.node.op_type} node {e.node.name!r}: its inputs mix element types "
+                        "(mixed precision), which lowering does not handle")
+
 
 def leading_and_normalized(e, x: str, axis: int) -> tuple[list[int], list[int]]:
     rank = e.rank(x)
@@ -22,6 +33,7 @@ def layer_norm_grad(e, with_mean: bool = True):
     outputs dX, d scale, d bias."""
     dy, x, scale = e.input(0), e.input(1), e.input(2)
     inv = e.input(4) if with_mean else e.input(3)
+    same_type(e, *e.node.input)
     leading, normalized = leading_and_normalized(e, x, e.attr("axis", -1))
     xhat = e.op("Mul", e.op("Sub", x, e.input(3)) if with_mean else x, inv)
     if with_mean and e.output(2):
@@ -81,6 +93,7 @@ def batch_norm_training(e):
 def batch_norm_grad(e):
     """Inputs dY, X, scale, saved mean, saved inverse std; outputs dX, d scale, d bias."""
     dy, x, scale, mean, inv = (e.input(k) for k in range(5))
+    same_type(e, *e.node.input)
     axes, column = channel_axes(e, x)
     inv = e.op("Reshape", inv, column)
     xhat = e.op("Mul", e.op("Sub", x, e.op("Reshape", mean, column)), inv)
