@@ -283,7 +283,7 @@ def test_cli_without_torch_says_what_to_install(tmp_path):
     fake.mkdir(parents=True)
     (fake / "__init__.py").write_text("raise ModuleNotFoundError(\"No module named 'torch'\", name='torch')\n")
     path = save(survey_graph(), tmp_path / "m.onnx")
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(ROOT), "PYTHONPATH": str(tmp_path / "site")}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(tmp_path / "site")}
     proc = subprocess.run([sys.executable, "-m", "roam_cli", "make-training-graph", path, "-o", tmp_path / "t.onnx",
                            "--loss", "mse"], capture_output=True, text=True, env=env)
     assert proc.returncode == 2 and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
