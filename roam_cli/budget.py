@@ -12,7 +12,7 @@ from pathlib import Path
 from roam_cli import pipeline
 from roam_cli.core.errors import RoamError
 from roam_cli.core.plan import needed_bytes
-from roam_cli.frontend.onnx_import import load_model
+from roam_cli.frontend.onnx_import import check_dims
 
 # what max-batch reports of the plan at its answer
 FIGURES = ("persistent_bytes", "peak_live_bytes", "arena_bytes")
@@ -69,14 +69,6 @@ def largest_fitting(needed: Callable[[int], int], budget: int, start: int = 1,
     return lo, probes
 
 
-def symbolic_dims(model_path: Path) -> set[str]:
-    """Names of the symbolic dimensions of the model's inputs."""
-    model, _ = load_model(model_path)
-    init = {t.name for t in model.graph.initializer}
-    return {d.dim_param for vi in model.graph.input if vi.name not in init and vi.type.HasField("tensor_type")
-            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
-
-
 @dataclass
 class MaxResult:
     order: str
@@ -91,10 +83,7 @@ def max_value(model_path: Path, dim: str, budget: int, options: pipeline.Options
               on_probe: Callable[[int, int], None] = lambda n, nbytes: None) -> MaxResult:
     """Largest value of symbolic dimension `dim` whose plan (made with `options`) fits `budget`,
     searched from `start`. `on_probe(value, bytes needed)` is called after each plan."""
-    available = symbolic_dims(model_path)
-    if dim not in available:
-        names = ", ".join(sorted(available)) or "none"
-        raise RoamError(f"{model_path}: no input has a symbolic dimension {dim!r} (symbolic dimensions: {names})")
+    check_dims(model_path, [dim], "--dim-name")
     if dim in options.dims:
         raise RoamError(f"--dim {dim}=... fixes the dimension that max-batch searches; leave it out")
     largest: dict = {"value": 0, "plan": None}  # the largest fitting value: bisection only grows it

@@ -12,7 +12,7 @@ from rich.console import Console
 from roam_cli import __version__, budget as budget_mod, layout, order, pair, pipeline, recompute
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
-from roam_cli.core.fileio import check_output_path, write_all_atomic, write_atomic
+from roam_cli.core.fileio import check_output_folder, check_output_path, write_all_atomic, write_atomic
 from roam_cli.core.units import format_bytes, parse_bytes
 from roam_cli.frontend import training_graph
 from roam_cli.outputs import report as report_mod
@@ -59,17 +59,23 @@ class Progress:
 
 
 class ByteSize(click.ParamType):
-    """A byte quantity as people write it: 16GiB, 512MB, 4096."""
+    """A byte quantity as people write it: 16GiB, 512MB, 4096; at least one byte (a budget of
+    nothing is a typo, not a question)."""
 
     name = "BYTES"
 
     def convert(self, value, param, ctx):
-        if isinstance(value, int):
-            return value
         try:
-            return parse_bytes(value)
+            size = value if isinstance(value, int) else parse_bytes(value)
         except ValueError as e:
             self.fail(str(e), param, ctx)
+        if size < 1:
+            self.fail(f"must be at least 1 byte, got {value!r}", param, ctx)
+        return size
+
+
+JOBS = click.IntRange(min=1)  # --jobs: parallel solver processes
+SECONDS = click.FloatRange(min=0, min_open=True)  # --time-limit
 
 
 BUDGET_HELP = "Memory the device has for this step, e.g. 16GiB: says whether the plan fits (exit 1 if not)."
@@ -115,14 +121,15 @@ def cli(ctx, quiet, verbose):
 @click.option("--inplace", "inplace", multiple=True, metavar="OUTPUT=STATE",
               help="Declare that graph output OUTPUT replaces input STATE in place (repeatable).")
 @click.option("--loss", default=None, help="Name of the loss tensor (default: the first scalar float output).")
-@click.option("--time-limit", type=float, default=None, help="Seconds the solvers may use in all.")
-@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--time-limit", type=SECONDS, default=None, help="Seconds the solvers may use in all.")
+@click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
 @click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
               help="Recompute values in the backward instead of keeping them: free (cheap ops only, min-cut) "
                    "or budget (the fewest FLOPs that fit --budget).")
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
-              help="Also draw the plan's pictures (PNG and SVG) into this directory (needs roam[plot]).")
+              help="Also draw the plan's pictures (PNG and SVG) into this directory, made if missing "
+                   "(needs matplotlib: the plot extra).")
 @click.option("--json", "as_json", is_flag=True, help="Print the plan's summary as JSON.")
 @click.option("--reproducible", is_flag=True,
               help="Leave wall-clock times out of the plan: the same model and options give the same bytes.")
@@ -149,21 +156,14 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
     check_output_path(plan_path, [model])
     if provider is not None and ort_optimized is None:
         raise RoamError("--provider chooses whose optimisations --ort-optimized applies: give --ort-optimized too")
-    if time_limit is not None and not time_limit > 0:
-        raise RoamError(f"--time-limit must be a positive number of seconds, got {time_limit}")
-    if jobs < 1:
-        raise RoamError(f"--jobs must be at least 1, got {jobs}")
     if recompute_mode == "budget" and budget is None:
         raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
     milp.check_solver(solver)
     if plot_dir is not None:
         from roam_cli.outputs import plot
 
-        if not plot_dir.is_dir():
-            raise RoamError(f"--plot {plot_dir}: no such directory")
         plot.figure_class()  # matplotlib is there, before any work is done
-        for picture in plot.picture_paths(plot_dir):
-            check_output_path(picture, [model, plan_path])
+        check_output_folder(plot_dir, plot.picture_paths(plot_dir), [model, plan_path])
     if ort_optimized is not None and annotated_model is None:  # the plan's graph: written whether asked for or not
         annotated_model = pipeline.default_annotated_path(plan_path)
     if annotated_model is not None:
@@ -206,6 +206,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         effect = report_mod.ort_effect(plan)
         if effect is not None:
             out.print(report_mod.ort_line(effect), highlight=False)
+        if "recompute" in plan:
+            out.print(report_mod.recompute_line(report_mod.recompute_effect(plan)), highlight=False)
         for picture in pictures:
             out.print(f"wrote {picture}", highlight=False)
         if verdict is not None and verdict["fits"]:
@@ -220,7 +222,8 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
 @click.option("--json", "as_json", is_flag=True, help="Print what was checked as JSON.")
 @click.pass_obj
 def verify(obj, model, plan_path, shapes_from_run, as_json):
-    """Check PLAN against MODEL independently of the planners.
+    """Check PLAN against MODEL independently of the planners. MODEL is either file of the
+    plan's pair: the model optimize read or the annotated model it wrote.
 
     Order is a topological permutation of all nodes, every transient tensor is placed for
     its whole life, no two live tensors overlap, the arena covers every tensor.
@@ -250,7 +253,8 @@ def verify(obj, model, plan_path, shapes_from_run, as_json):
 @click.option("--format", "fmt", type=click.Choice(["table", "json", "markdown"]), default="table",
               show_default=True)
 @click.option("--json", "as_json", is_flag=True, help="Same as --format json.")
-@click.option("--top", default=10, show_default=True, help="How many of the tensors live at the peak to list.")
+@click.option("--top", default=10, show_default=True, type=click.IntRange(min=0),
+              help="How many of the tensors live at the peak to list.")
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
 def report(plan_path, fmt, as_json, top, budget):
     """Show what PLAN costs: every strategy measured in its run side by side, persistent,
@@ -287,6 +291,7 @@ def report(plan_path, fmt, as_json, top, budget):
 @click.pass_obj
 def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
     """Run MODEL on ONNX Runtime as the plan says, and check that the plan can be followed.
+    MODEL is either file of the plan's pair: the model optimize read or the annotated model it wrote.
 
     One training step of the annotated model with execution_order PRIORITY_BASED (the order
     ORT ran the nodes in, from its profiler, against the plan's), and the arena replay: every
@@ -333,7 +338,9 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare, as_json):
-    """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says.
+    """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
+    the plan's pair: the whole-step model optimize read (roam make-training-graph
+    --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
 
     The plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
     written into its input's buffer), and with --allocator roam ORT's own session allocating
@@ -367,9 +374,10 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
 @cli.command()
 @click.argument("plan_path", metavar="PLAN", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_dir", required=True, type=click.Path(path_type=Path, file_okay=False),
-              help="Directory to write the pictures into (it must exist).")
+              help="Directory to write the pictures into (made if missing).")
 @click.option("--model", "model_path", type=click.Path(path_type=Path),
-              help="The plan's model, for the original order's curve [default: the plan's model.path].")
+              help="The model optimize read (or the annotated model it wrote), for the original order's curve "
+                   "[default: the plan's source_model.path].")
 @click.option("--format", "formats", default="png,svg", show_default=True, metavar="png,svg",
               help="Picture formats, comma-separated.")
 @click.option("--budget", type=ByteSize(), default=None, help="Draw this budget as a line.")
@@ -397,8 +405,6 @@ def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_f
     unknown = [f for f in fmts if f not in plot_mod.FORMATS]
     if unknown or not fmts:
         raise RoamError(f"--format: {', '.join(unknown) or formats!r} is not one of {', '.join(plot_mod.FORMATS)}")
-    if not out_dir.is_dir():
-        raise RoamError(f"-o {out_dir}: no such directory")
     plot_mod.figure_class()  # matplotlib is there, before any work is done
     plan = plan_io.read(plan_path)
     if model_path is None:
@@ -409,8 +415,8 @@ def plot(obj, plan_path, out_dir, model_path, formats, budget, inplace, shapes_f
             if not obj["quiet"]:
                 err.print(f"note: the plan's model {source} is absent: drawing the plan's curve only "
                           "(--model MODEL adds the original order's)", highlight=False)
-    for picture in plot_mod.picture_paths(out_dir, fmts):
-        check_output_path(picture, [plan_path] + ([model_path] if model_path else []))
+    check_output_folder(out_dir, plot_mod.picture_paths(out_dir, fmts),
+                        [plan_path] + ([model_path] if model_path else []))
     with Progress(obj["quiet"]) as progress:
         curve = None
         if model_path is not None:
@@ -481,8 +487,8 @@ def export(obj, plan_path, trace_path, snapshot_path, as_json):
 @click.option("--inplace", "inplace", multiple=True, metavar="OUTPUT=STATE",
               help="Declare that graph output OUTPUT replaces input STATE in place (repeatable).")
 @click.option("--loss", default=None, help="Name of the loss tensor (default: the first scalar float output).")
-@click.option("--time-limit", type=float, default=None, help="Seconds the solvers may use for each plan.")
-@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--time-limit", type=SECONDS, default=None, help="Seconds the solvers may use for each plan.")
+@click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @click.pass_obj
 def max_batch(obj, model, dim, budget, dims, order_strategy, layout_strategy, alignment, inplace, loss, time_limit,
@@ -569,16 +575,17 @@ def split_names(values: tuple[str, ...]) -> list[str]:
 @click.argument("csv_in", metavar="IN.csv", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "csv_out", required=True, type=click.Path(path_type=Path),
               help="CSV to write: the input rows plus an offset column.")
-@click.option("--capacity", type=int, default=None, help="Arena size to fit in; exit 1 when it cannot be met.")
-@click.option("--time-limit", type=float, default=None, help="Seconds the layout solver may use.")
-@click.option("--jobs", type=int, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--capacity", type=click.IntRange(min=1), default=None,
+              help="Arena size to fit in; exit 1 when it cannot be met.")
+@click.option("--time-limit", type=SECONDS, default=None, help="Seconds the layout solver may use.")
+@click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.pass_obj
 def layout_csv(obj, csv_in, csv_out, capacity, time_limit, jobs):
     """Place the buffers of a minimalloc CSV (id,lower,upper,size; lifetimes [lower, upper)).
 
     \b
     Example:
-      roam layout-csv ../shared/bench/minimalloc-challenging/A.1048576.csv -o A.out.csv --capacity 1048576
+      roam layout-csv sample_models/minimalloc/A.1048576.csv -o A.out.csv --capacity 1048576
     """
     from roam_cli.layout.csv_io import read_csv, write_csv
 

@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
+from test_hostile import main_in_process
 
 from roam_cli.frontend.synthetic import synthetic_feeds
 
@@ -112,8 +113,10 @@ def test_model_with_absent_external_data_still_plans(tmp_path):
     assert "external data file m.data is absent" in r.err
     plan = json.loads((tmp_path / "plan.json").read_text())
     assert next(t for t in plan["tensors"] if t["name"] == "w")["bytes"] == 64 * 64 * 4
+    # shapes are all known statically, so the run (which would need the absent weights) is not made
     r = roam("optimize", tmp_path / "m.onnx", "-o", tmp_path / "p2.json", "--shapes-from-run")
-    assert r.code in (0, 2)  # shapes are all known statically, so the run is not even needed
+    assert r.code == 0, r.err
+    assert json.loads((tmp_path / "p2.json").read_text())["tensors"] == plan["tensors"]
 
 
 def cyclic(tmp_path):
@@ -181,6 +184,62 @@ def test_usage_errors_exit_2(tmp_path):
     assert r.code == 2 and "no such plan file" in r.err
     (tmp_path / "x.json").write_text("{}")
     assert roam("report", tmp_path / "x.json").code == 2
+
+
+def test_a_dim_the_model_lacks_is_refused_naming_the_dims_it_has(tmp_path):
+    path = symbolic(tmp_path)
+    message = ("roam: error: --dim nodim: no input of the model has a symbolic dimension 'nodim' "
+               "(its symbolic dimensions: batch)\n")
+    expected = (2, message)
+    assert main_in_process(["optimize", str(path), "-o", str(tmp_path / "plan.json"),
+                            "--dim", "batch=2", "--dim", "nodim=4"]) == expected
+    assert main_in_process(["max-batch", str(path), "--budget", "1GiB", "--dim", "nodim=4"]) == expected
+    code, err = main_in_process(["optimize", str(SAMPLE), "-o", str(tmp_path / "plan.json"), "--dim", "batch=4"])
+    assert code == 2 and err.endswith("has a symbolic dimension 'batch' (its symbolic dimensions: none)\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["sym.onnx"]
+
+
+@pytest.mark.parametrize("command", [
+    ["optimize", str(SAMPLE), "-o", "{d}/plan.json", "--budget", "{budget}"],
+    ["optimize", str(SAMPLE), "-o", "{d}/plan.json", "--recompute", "budget", "--budget", "{budget}"],
+    ["report", "{d}/old.json", "--budget", "{budget}"],
+    ["plot", "{d}/old.json", "-o", "{d}/pictures", "--budget", "{budget}"],
+    ["max-batch", str(SAMPLE), "--budget", "{budget}"],
+])
+@pytest.mark.parametrize("budget", ["0", "0.5B", "0GiB"])
+def test_a_budget_of_nothing_is_refused(tmp_path, command, budget):
+    (tmp_path / "old.json").write_text("{}")
+    code, err = main_in_process([a.format(d=tmp_path, budget=budget) for a in command])
+    assert (code, err) == (2, f"roam: error: Invalid value for '--budget': must be at least 1 byte, got {budget!r}\n")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+
+
+@pytest.mark.parametrize("command, option, bad", [
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--jobs", "0"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "-1"),
+    (["max-batch", str(SAMPLE), "--budget", "1GiB"], "--jobs", "0"),
+    (["max-batch", str(SAMPLE), "--budget", "1GiB"], "--time-limit", "0"),
+    (["layout-csv", "{d}/old.json", "-o", "{d}/out.csv"], "--jobs", "-2"),
+    (["layout-csv", "{d}/old.json", "-o", "{d}/out.csv"], "--time-limit", "0"),
+    (["layout-csv", "{d}/old.json", "-o", "{d}/out.csv"], "--capacity", "-1"),
+    (["layout-csv", "{d}/old.json", "-o", "{d}/out.csv"], "--capacity", "0"),
+    (["report", "{d}/old.json"], "--top", "-3"),
+])
+def test_counts_and_seconds_out_of_range_are_refused(tmp_path, command, option, bad):
+    (tmp_path / "old.json").write_text("{}")
+    code, err = main_in_process([a.format(d=tmp_path) for a in command] + [option, bad])
+    assert code == 2 and err.startswith(f"roam: error: Invalid value for '{option}': {bad}") and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
+
+
+@pytest.mark.parametrize("command", ["verify", "execute", "train"])
+def test_commands_that_take_a_plan_s_model_say_which(command):
+    from click.testing import CliRunner
+
+    from roam_cli.cli import cli
+
+    text = " ".join(CliRunner().invoke(cli, [command, "--help"]).output.split())
+    assert "MODEL is either file of the plan's pair: the" in text and "or the annotated model it wrote" in text
 
 
 def test_version_and_help():

@@ -316,9 +316,14 @@ def test_a_full_disk_is_one_line_and_leaves_the_old_file(monkeypatch, tmp_path):
     assert plan.read_text() == "old plan" and [p.name for p in tmp_path.iterdir()] == ["plan.json"]
 
 
-def test_outputs_get_the_usual_file_mode(tmp_path):
-    fileio.write_atomic(tmp_path / "plan.json", "{}")
-    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == fileio.NEW_FILE_MODE
+@pytest.mark.parametrize("umask, mode", [(0o022, 0o644), (0o027, 0o640)])
+def test_outputs_get_the_mode_a_new_file_gets_under_the_umask(tmp_path, umask, mode):
+    """Not mkstemp's 0600: a plan is as readable as any file the user makes. The umask is set
+    before roam is imported, in a process of its own."""
+    script = (f"import os; os.umask({umask:#o}); from roam_cli.core import fileio; "
+              f"fileio.write_atomic({str(tmp_path / 'plan.json')!r}, '{{}}')")
+    subprocess.run([sys.executable, "-c", script], check=True)
+    assert (tmp_path / "plan.json").stat().st_mode & 0o777 == mode
 
 
 def test_output_that_is_a_link_to_the_input_is_refused(tmp_path):

@@ -44,10 +44,25 @@ def test_columns_in_any_order(tmp_path):
     ("id,lower,upper,size\na,0,2,4\na,1,3,4\n", "duplicate id"),
     ("id,lower,upper,size\na,0,2\n", "expected 4 columns"),
     ("", "empty file"),
+    ("id,lower,upper,size\na,0,2,4\nb,0,2,100000000000000000000000\n",
+     "bad.csv:3: size 100000000000000000000000 for buffer 'b' is over 2^63 - 1"),
+    ("id,lower,upper,size\na,0,2,4\nb,0,2,9223372036854775807\n",
+     "bad.csv:3: the sizes up to this row sum to 9223372036854775811, over 2^63 - 1"),
+    ("id,lower,upper,size\na,0,9223372036854775808,4\n", "bad.csv:2: upper 9223372036854775808 for buffer 'a' is over"),
+    ("id,lower,upper,size\na,-1,2,4\n", "bad.csv:2: negative lower -1 for buffer 'a'"),
+    ("id,lower,upper,size\na,0,2,4e3\n", "bad.csv:2: size is not an integer: '4e3'"),
+    pytest.param("id,lower,upper,size\na,0,2," + "9" * 5000 + "\n", "bad.csv:2: size is not an integer: '" + "9" * 40 + "'",
+                 id="5000 digits"),
+    pytest.param("id,lower,upper,size\n" + "a" * 200_000 + ",0,2,4\n", "bad.csv:2: field larger than field limit",
+                 id="a 200,000-character id"),
+    (b"id,lower,upper,size\na,0,2,4\nb\xe9,0,2,4\n", "bad.csv:3: not UTF-8 text (byte 0xe9 at offset 29)"),
 ])
 def test_bad_input_is_one_clear_line(tmp_path, text, message):
     src = tmp_path / "bad.csv"
-    src.write_text(text)
+    if isinstance(text, bytes):
+        src.write_bytes(text)
+    else:
+        src.write_text(text)
     with pytest.raises(ValueError) as e:
         read_csv(src)
     assert message in str(e.value)

@@ -79,3 +79,9 @@ def test_the_accumulator_is_no_rule_its_flag_can_cost_more_than_waiting():
                        Buffer(10, (0,), (2,)),  # the gradient: z -> u
                        Buffer(10, (2,), (), to_end=True)))  # u's flag
     assert peak(problem, [0, 2, 1]) == 1010 + 10 > peak(problem, [0, 1, 2]) == 1010
+    # so no rule moves u next to z: u allocates its flag (no "after") and has no successor (no
+    # "before"), and the reduced problem keeps the optimum of 1010, whichever rules run
+    for enabled in (("after",), ("before",), rules.RULES):
+        red = rules.reduce(problem, enabled)
+        assert 2 in red.kept, enabled
+        assert min(peak(problem, red.expand(o)) for o in topological_orders(list(red.problem.preds))) == 1010, enabled

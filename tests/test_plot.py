@@ -70,18 +70,31 @@ def test_two_orders_are_drawn_when_the_plan_is_not_the_original_order(sample_pla
     assert "roam order (this plan): transient peak" in text
 
 
+PICTURES = ["layout.png", "layout.svg", "live_memory.png", "live_memory.svg"]
+
+
 def test_optimize_plot_option_and_bad_requests(tmp_path):
     model = chain_model(tmp_path / "chain.onnx")
-    pictures = tmp_path / "pictures"
-    pictures.mkdir()
+    pictures = tmp_path / "out" / "pictures"  # made, with its parent
     r = roam("optimize", model, "-o", tmp_path / "plan.json", "--dim", "batch=2", "--plot", pictures)
     assert r.code == 0, r.err
-    assert sorted(p.name for p in pictures.iterdir()) == ["layout.png", "layout.svg", "live_memory.png",
-                                                          "live_memory.svg"]
-    r = roam("optimize", model, "-o", tmp_path / "p2.json", "--dim", "batch=2", "--plot", tmp_path / "nowhere")
-    assert r.code == 2 and "no such directory" in r.err and not (tmp_path / "p2.json").exists()
+    assert sorted(p.name for p in pictures.iterdir()) == PICTURES
+    r = roam("optimize", model, "-o", tmp_path / "p2.json", "--dim", "batch=2", "--plot", tmp_path / "plan.json" / "pics")
+    assert r.code == 2 and "plan.json is not a directory" in r.err and not (tmp_path / "p2.json").exists()
+    assert len(r.err.strip().splitlines()) == 1
     r = roam("plot", tmp_path / "plan.json", "-o", pictures, "--format", "png,gif")
     assert r.code == 2 and "gif" in r.err
     (tmp_path / "chain.onnx").unlink()  # without the model: the plan's curve only, and a note
     r = roam("plot", tmp_path / "plan.json", "-o", pictures, "--format", "svg")
     assert r.code == 0 and "is absent" in r.err
+
+
+def test_plot_makes_the_folder_as_the_readme_writes_it(tmp_path):
+    model = chain_model(tmp_path / "chain.onnx")
+    assert roam("optimize", model, "-o", tmp_path / "plan.json", "--dim", "batch=2").code == 0
+    r = roam("plot", "plan.json", "-o", "pictures/", cwd=tmp_path)
+    assert r.code == 0, r.err
+    assert sorted(p.name for p in (tmp_path / "pictures").iterdir()) == PICTURES
+    # a plan that cannot be read: an error, and no folder made
+    r = roam("plot", "nothing.json", "-o", "more/pictures/", cwd=tmp_path)
+    assert r.code == 2 and not (tmp_path / "more").exists()

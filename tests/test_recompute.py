@@ -349,6 +349,15 @@ def test_recomputing_lowers_the_peak_by_what_the_copies_free(planned_free):
     assert free["stats"]["recompute"]["before"]["peak_live_bytes"] == off["peak_live_bytes"]
 
 
+def test_optimize_prints_what_recomputing_saved_and_costs(tmp_path):
+    src = three_exps(tmp_path)
+    r = roam("optimize", src, "-o", tmp_path / "plan.json", "--recompute", "free")
+    assert r.code == 0, r.err
+    # off: e1, e2, m12, e3, m live at once (5B); free: 3B. Three Exp copies of N FLOPs each.
+    assert ("recompute (free): 3 nodes added, peak live 20.00 KiB → 12.00 KiB (−40.0%), "
+            "kept for the backward 12.00 KiB → 0 B; 3.07 kFLOP more") in r.out
+
+
 def test_budget_mode_needs_a_budget(tmp_path):
     src = three_exps(tmp_path)
     r = roam("optimize", src, "-o", tmp_path / "plan.json", "--recompute", "budget")

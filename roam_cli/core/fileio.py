@@ -33,6 +33,31 @@ def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike]) -
     return out
 
 
+def check_output_folder(folder: str | os.PathLike, files: list[Path], inputs: list[str | os.PathLike]) -> None:
+    """Refuse, before any work is done, a folder `files` cannot be written into, or one of them
+    that is an input. A folder that does not exist yet is fine when it can be made (make_folder)."""
+    folder = Path(folder)
+    if folder.is_dir():
+        for f in files:
+            check_output_path(f, inputs)
+        return
+    if folder.exists():
+        raise RoamError(f"cannot write into {folder}: it is not a directory")
+    ancestor = next(p for p in folder.resolve().parents if p.exists())  # the root always exists
+    if not ancestor.is_dir():
+        raise RoamError(f"cannot make {folder}: {ancestor} is not a directory")
+    if not os.access(ancestor, os.W_OK):
+        raise RoamError(f"cannot make {folder}: permission denied")
+
+
+def make_folder(folder: str | os.PathLike) -> None:
+    """Make `folder` and its missing parents (as `mkdir -p`), when the writing begins."""
+    try:
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise RoamError(f"cannot make {folder}: {e.strerror}") from None
+
+
 def write_atomic(path: str | os.PathLike, data: bytes | str) -> None:
     """Write to a temporary file beside `path`, then rename it over `path`.
 

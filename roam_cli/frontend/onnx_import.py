@@ -52,6 +52,14 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
     return model, hashlib.sha256(data).hexdigest()
 
 
+def check_dims(path: str | os.PathLike, names, option: str) -> None:
+    """Refuse a dimension name given with `option` that no input of the model at `path` has."""
+    available = shapes.symbolic_dims(load_model(path)[0])
+    unknown = next((name for name in names if name not in available), None)
+    if unknown is not None:
+        raise shapes.unknown_dim(option, unknown, available)
+
+
 def subgraph_captures(node: onnx.NodeProto) -> list[str]:
     """Outer-scope tensors a control-flow node's subgraphs read: the node consumes them too."""
     captured: list[str] = []

@@ -23,10 +23,27 @@ TensorType = tuple[int, tuple[int, ...]]  # (onnx elem type, shape)
 SMALL = 4096  # integer tensors up to this many elements are evaluated (shapes, axes, indices)
 
 
+def symbolic_dims(model: onnx.ModelProto) -> set[str]:
+    """Names of the symbolic dimensions of the model's inputs: what `--dim NAME=N` binds."""
+    init = {t.name for t in model.graph.initializer}
+    return {d.dim_param for vi in model.graph.input if vi.name not in init and vi.type.HasField("tensor_type")
+            for d in vi.type.tensor_type.shape.dim if d.HasField("dim_param")}
+
+
+def unknown_dim(option: str, name: str, named: set[str]) -> RoamError:
+    return RoamError(f"{option} {name}: no input of the model has a symbolic dimension {name!r} "
+                     f"(its symbolic dimensions: {', '.join(sorted(named)) or 'none'})")
+
+
 def bind_dims(model: onnx.ModelProto, dims: dict[str, int]) -> None:
-    """Replace symbolic dimensions by the user's values; refuse inputs left symbolic."""
+    """Replace symbolic dimensions by the user's values; refuse inputs left symbolic, and a name
+    no input has (a misspelt --dim would otherwise be ignored and the model planned at another size)."""
     g = model.graph
     init = {t.name for t in g.initializer}
+    named = symbolic_dims(model)
+    unknown = next((name for name in dims if name not in named), None)
+    if unknown is not None:
+        raise unknown_dim("--dim", unknown, named)
     unbound: dict[str, str] = {}
     for vi in list(g.input) + list(g.output) + list(g.value_info):
         if not vi.type.HasField("tensor_type") or not vi.type.tensor_type.HasField("shape"):

@@ -178,7 +178,7 @@ def training_api():
     except ImportError as e:
         missing = getattr(e, "name", None) or "onnxruntime.training"
         raise RoamError(f"building a training graph needs {missing} (onnxruntime.training imports torch): "
-                        "pip install 'roam[train]', with torch from https://download.pytorch.org/whl/cpu") from None
+                        "pip install torch --index-url https://download.pytorch.org/whl/cpu (its CPU build)") from None
     return onnxblock
 
 

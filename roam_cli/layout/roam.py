@@ -331,7 +331,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
             pieces_info.append(info)
             if info.get("error"):
                 fallback.append(info["error"])
-            if milp.failed(info.get("ilp", {}).get("status", "optimal")):
+            elif milp.failed(info.get("ilp", {}).get("status", "optimal")):
                 fallback.append(f"ILP on a piece of {info['buffers']} buffers: {info['ilp']['status']}; "
                                 "kept the search's layout")
             elif info["status"] not in ("optimal",) and info["height"] > target:
@@ -396,9 +396,10 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
             if p.is_alive():
                 p.terminate()
             p.join(timeout=1.0)
-            out.setdefault(k, (piece_off[k], _error_info(comps[k], "worker did not report")))
+            out.setdefault(k, (piece_off[k], _error_info([buffers[i] for i in comps[k]], piece_off[k],
+                                                         "worker did not report")))
         for k in pending:
-            out[k] = (piece_off[k], _error_info(comps[k], "no time left"))
+            out[k] = (piece_off[k], _error_info([buffers[i] for i in comps[k]], piece_off[k], "no time left"))
         return out
     for idx, k in enumerate(todo):
         sub = [buffers[i] for i in comps[k]]
@@ -409,12 +410,13 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
         try:
             out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say, solver)
         except Exception as e:
-            out[k] = (piece_off[k], _error_info(comps[k], f"search failed: {type(e).__name__}: {e}"))
+            out[k] = (piece_off[k], _error_info(sub, piece_off[k], f"search failed: {type(e).__name__}: {e}"))
     return out
 
 
-def _error_info(comp, why):
-    return {"buffers": len(comp), "status": "heuristic", "height": None, "probes": [],
+def _error_info(sub, off, why):
+    """A piece whose search failed: it keeps its heuristic layout `off`, whose height it reports."""
+    return {"buffers": len(sub), "status": "heuristic", "height": height_of(sub, off), "probes": [],
             "nodes": 0, "error": why}
 
 
@@ -423,9 +425,7 @@ def _piece_worker(q, k, sub, off, target, lb, deadline, minimise, solver):
         res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None, solver)
         q.put((k, res[0], res[1]))
     except BaseException as e:
-        q.put((k, off, {"buffers": len(sub), "status": "heuristic", "height": height_of(sub, off),
-                        "probes": [], "nodes": 0,
-                        "error": f"search failed: {type(e).__name__}: {e}",
+        q.put((k, off, {**_error_info(sub, off, f"search failed: {type(e).__name__}: {e}"),
                         "trace": traceback.format_exc(limit=3)}))
 
 

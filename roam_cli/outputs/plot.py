@@ -1,4 +1,4 @@
-"""Pictures of a plan (matplotlib, the optional extra `roam[plot]`), written as PNG and SVG.
+"""Pictures of a plan (matplotlib, the optional extra `plot`), written as PNG and SVG.
 
 - live memory over the steps: persistent bytes as a band at the bottom, and above it the
   transient bytes live under the plan's order and under the model's original order;
@@ -14,7 +14,7 @@ from pathlib import Path
 from roam_cli import order, pair
 from roam_cli.core import memory
 from roam_cli.core.errors import RoamError
-from roam_cli.core.fileio import write_atomic
+from roam_cli.core.fileio import make_folder, write_atomic
 from roam_cli.core.units import format_bytes
 from roam_cli.outputs.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
 
@@ -54,7 +54,7 @@ def figure_class():
     try:
         from matplotlib.figure import Figure
     except ImportError:
-        raise RoamError("pictures need matplotlib: pip install 'roam[plot]'") from None
+        raise RoamError("pictures need matplotlib: pip install matplotlib (the plot extra)") from None
     return Figure
 
 
@@ -205,5 +205,7 @@ def picture_paths(out_dir: Path, formats=FORMATS) -> list[Path]:
 
 def all_pictures(plan: dict, original_curve: list[int] | None, out_dir: Path, formats=FORMATS,
                  budget: int | None = None) -> list[Path]:
+    """Both pictures in every format, into `out_dir` (made if missing)."""
+    make_folder(out_dir)
     return (live_memory(plan, original_curve, out_dir / STEMS[0], formats, budget)
             + address_layout(plan, out_dir / STEMS[1], formats))
