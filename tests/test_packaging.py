@@ -2,12 +2,12 @@
 imports from the source tree (editable install, these tests) but not from a wheel."""
 
 import re
+from pathlib import Path
 
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10: the test extra brings tomli
     import tomli as tomllib
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 
