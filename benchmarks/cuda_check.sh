@@ -8,7 +8,8 @@
 #   PROVIDERS=cpu benchmarks/cuda_check.sh MODEL.onnx  # the same table without a GPU
 #   ORDER=original benchmarks/cuda_check.sh            # plans made with another order (default roam)
 #
-# Needs the GPU build of ONNX Runtime training (pip install onnxruntime-training). Exit 2 when
+# Needs ONNX Runtime's GPU build in place of the CPU one (pip uninstall -y onnxruntime && pip install
+# onnxruntime-gpu; for fused graphs onnxruntime-training, its own environment). Exit 2 when
 # CUDA is not available, 1 when a run failed its checks.
 set -euo pipefail
 PROVIDERS=${PROVIDERS:-cuda cpu}
@@ -18,7 +19,7 @@ import sys
 import onnxruntime as ort
 print(f"onnxruntime {ort.__version__}: {', '.join(ort.get_available_providers())}")
 if "cuda" in sys.argv[1:] and "CUDAExecutionProvider" not in ort.get_available_providers():
-    print("CUDA is not available: install onnxruntime-training (the GPU build) on a CUDA machine", file=sys.stderr)
+    print("CUDA is not available: install onnxruntime-gpu in place of onnxruntime on a CUDA machine", file=sys.stderr)
     sys.exit(2)
 PY
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || true

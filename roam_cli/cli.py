@@ -654,15 +654,19 @@ def lower(obj, model, out_path, as_json):
               help="Also write the ONNX Runtime checkpoint (the only output that reads the weights).")
 @click.option("--backend", type=click.Choice(["roam", "ort-artifacts"]), default="roam", show_default=True,
               help="Who builds the backward: roam (standard ONNX, no torch) or ONNX Runtime's training artifacts.")
+@click.option("--fused", is_flag=True,
+              help="With --backend ort-artifacts: keep ONNX Runtime's fused training ops (runs on "
+                   "onnxruntime-training only) instead of writing standard ONNX.")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optimizer, in_graph, optimizer_path,
-                        checkpoint_path, backend):
+                        checkpoint_path, backend, fused):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
     the backward without reading a weight: roam's own (default; standard ONNX, nothing but onnx
     installed; no optimizer graph, use --in-graph-optimizer for the step) or, with --backend
-    ort-artifacts, ONNX Runtime's training artifacts (needs torch, the `train` extra).
+    ort-artifacts, ONNX Runtime's training artifacts (needs onnxruntime-training and torch), written
+    in standard ONNX as `roam lower` writes it unless --fused.
 
     \b
     Examples:
@@ -677,7 +681,7 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optim
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
                                optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
-                               backward=step.build if backend == "roam" else training_graph.build)
+                               backward=step.build if backend == "roam" else training_graph.build, fused=fused)
     if made.survey is not None and not obj["quiet"]:
         s = made.survey
         out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",

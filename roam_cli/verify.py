@@ -8,12 +8,13 @@ import heapq
 from dataclasses import dataclass
 
 from roam_cli import pair
-from roam_cli.core.graph import Graph
+from roam_cli.core.graph import Graph, Node
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 # How a plan may recompute a Dropout's output: ONNX Runtime's DropoutGrad on its input and mask.
 DROPOUT_REPLAY = ("com.microsoft", "DropoutGrad")
+STANDARD_REPLAY = {("", "Sub"), ("", "Where"), ("", "Div")}  # a Dropout's replay in standard ONNX
 PERSISTENT = {"parameter", "optimizer_state", "gradient_buffer", "constant", "data_input"}
 
 
@@ -178,16 +179,21 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
 def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
     """Each copy the plan lists is its original's op reading the same tensors or their listed
     recomputed versions, so it computes the same values (a Dropout's replay: DropoutGrad on the
-    Dropout's input and mask); each recomputed tensor is its copy's output in its original's
-    place, produced before every step that reads it."""
+    Dropout's input and mask, or the standard nodes `standard_replay` checks); each recomputed
+    tensor is its copy's output in its original's place, produced before every step that reads it."""
     nodes = {n.name: n for n in graph.nodes}
     replaces = {t["name"]: t["of"] for t in record["tensors"]}
     copy_of = {}
+    chains: dict[str, list[Node]] = {}
     for entry in record["nodes"]:
         copy, original = nodes.get(entry["node"]), nodes.get(entry["of"])
         if copy is None or original is None:
             missing = entry["node"] if copy is None else entry["of"]
             raise Violation(f"the plan's recompute record names node {missing!r}, which the model does not have")
+        if (original.domain, original.op_type) == ("", "Dropout") and (copy.domain, copy.op_type) in STANDARD_REPLAY:
+            chains.setdefault(original.name, []).append(copy)
+            copy_of[copy.name] = original
+            continue
         if (copy.domain, copy.op_type) == DROPOUT_REPLAY and (original.domain, original.op_type) == ("", "Dropout") \
                 and len(original.inputs) == 3 and len(original.outputs) == 2:
             # DropoutGrad(input, mask, ratio, training_mode): the Dropout's output from its own mask
@@ -203,6 +209,8 @@ def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
             if mine != theirs and replaces.get(mine) != theirs:
                 raise Violation(f"recomputing node {copy.name!r} reads {mine!r} where {original.name!r} reads {theirs!r}")
         copy_of[copy.name] = original
+    for name, chain in chains.items():
+        standard_replay(nodes[name], chain, set(graph.initializers), replaces)
     producers = {out: (n, k) for n in graph.nodes for k, out in enumerate(n.outputs)}
     for t in record["tensors"]:
         made = producers.get(t["name"])
@@ -215,6 +223,32 @@ def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
             if step[reader] <= at:
                 raise Violation(f"recomputed tensor {t['name']!r} is read by {reader!r} at step {step[reader]}, "
                                 f"before it is recomputed at step {at}")
+
+
+def standard_replay(dropout: Node, chain: list[Node], initializers: set[str], replaces: dict[str, str]) -> None:
+    """A Dropout's replay in standard ONNX is these four nodes and no others, its scalars
+    initializers: kept = Sub(one, ratio); keep = Where(mode, kept, one); scaled = Div(input, keep);
+    output = Where(mask, scaled, zero) -- mask ? input / (1 - ratio) : 0, as the Dropout computed."""
+    data, ratio, mode = dropout.inputs if len(dropout.inputs) == 3 else ("", "", "")
+    made = {out: n for n in chain for out in n.outputs}
+    last = [n for n in chain if n.outputs and replaces.get(n.outputs[0]) == dropout.outputs[0]]
+
+    def node(name: str, op: str) -> Node:
+        n = made.get(name)
+        if n is None or n.op_type != op or len(n.inputs) != (3 if op == "Where" else 2):
+            raise Violation(f"the replay of {dropout.name!r} does not compute its output: {name!r} is not a {op}")
+        return n
+
+    if len(last) != 1 or len(chain) != 4 or len(dropout.outputs) != 2:
+        raise Violation(f"the replay of {dropout.name!r} is not the four nodes that compute its output")
+    out = node(last[0].outputs[0], "Where")
+    scaled = node(out.inputs[1], "Div")
+    keep = node(scaled.inputs[1], "Where")
+    kept = node(keep.inputs[1], "Sub")
+    one, zero = keep.inputs[2], out.inputs[2]
+    if not (out.inputs[0] == dropout.outputs[1] and data in (scaled.inputs[0], replaces.get(scaled.inputs[0]))
+            and keep.inputs[0] == mode and kept.inputs == (one, ratio) and {one, zero} <= initializers):
+        raise Violation(f"the replay of {dropout.name!r} reads other tensors than its input, mask, ratio and mode")
 
 
 def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:

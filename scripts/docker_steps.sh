@@ -4,15 +4,15 @@
 #   scripts/docker_steps.sh SOURCE_DIR
 # installs roam from SOURCE_DIR with the `plot` extra into the current Python, then checks
 # that the installed `roam` plans, reports, draws and exports the bundled sample.
-# ORT_PACKAGE=onnxruntime-training installs ONNX Runtime training's CUDA build instead of the
-# CPU one (the GPU image; the same `onnxruntime` module).
+# ORT_PACKAGE=onnxruntime-gpu puts ONNX Runtime's CUDA build in place of the CPU one (the GPU
+# image): the same `onnxruntime` module, so one is uninstalled before the other goes in.
 set -eu
 src=${1:?usage: scripts/docker_steps.sh SOURCE_DIR}
-ort=${ORT_PACKAGE:-onnxruntime-training-cpu}
+ort=${ORT_PACKAGE:-onnxruntime}
 
 python -m pip install --no-cache-dir "$src[plot]"
-if [ "$ort" != onnxruntime-training-cpu ]; then
-    python -m pip uninstall -y onnxruntime-training-cpu
+if [ "$ort" != onnxruntime ]; then
+    python -m pip uninstall -y onnxruntime
     python -m pip install --no-cache-dir "$ort"
 fi
 
@@ -20,14 +20,12 @@ fi
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 roam --version
-# ONNX Runtime with the training kernels (InPlaceAccumulatorV2, ...) loads the sample training graph
-python -c "import onnxruntime as ort, sys; ort.InferenceSession(sys.argv[1], providers=['CPUExecutionProvider'])" \
-    "$src/sample_models/gpt2_tiny/training_model.onnx"
 roam -q optimize "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/plan.json"
 roam -q report "$work/plan.json" --format markdown > "$work/plan.md"
 roam -q plot "$work/plan.json" -o "$work"
 roam -q export "$work/plan.json" --perfetto "$work/trace.json" --memory-snapshot "$work/snapshot.pickle"
-# a training loop on the plan: full step, plan, 3 steps from the plan's arena, checked against plain ORT
+# a training loop on the plan: full step (standard ONNX, which the image's onnxruntime runs), plan,
+# 3 steps from the plan's arena, checked against plain ORT
 roam -q make-training-graph "$src/sample_models/gpt2_tiny/training_model.onnx" -o "$work/step.onnx" --in-graph-optimizer
 roam -q optimize "$work/step.onnx" -o "$work/step_plan.json"
 roam -q train "$work/step.onnx" --plan "$work/step_plan.json" --steps 3 --compare

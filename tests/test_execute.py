@@ -12,26 +12,31 @@ from conftest import roam
 from onnx_builder import model, node, save
 
 from roam_cli.core.errors import RoamError
+from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
 from roam_cli.frontend.onnx_import import import_model
 from roam_cli.runtime.execute import difference, extended_bytes, make_feeds, order_agreement, seed_random_ops
 from roam_cli.runtime.replay import replay
 
 
-def test_sample_plan_runs_in_plan_order_and_replays_exactly(sample_plan):
-    model_path, plan_path, plan, _ = sample_plan
+def test_sample_plan_runs_in_plan_order_and_replays_exactly(runnable_plan):
+    """The sample as the installed runtime runs it: fused (229 nodes) or lowered (roam lower)."""
+    model_path, plan_path, plan, _ = runnable_plan
+    nodes = len(plan["order"])
     r = roam("execute", model_path, "--plan", plan_path, "--json")
     assert r.code == 0, r.err
     result = r.json()
     assert result["failures"] == []
-    assert result["order"]["plan_nodes"] == 229 and result["order"]["agreement"] >= 0.999
-    # every graph output, and the 28 gradient buffers InPlaceAccumulatorV2 writes into
-    assert result["compared"] == {"graph_outputs": 29, "inputs_updated_in_place": 28}
+    assert result["order"]["plan_nodes"] == nodes and result["order"]["agreement"] >= 0.999
+    # every graph output, and the 28 gradient buffers: InPlaceAccumulatorV2 writes into them (fused),
+    # lowered it writes them as outputs <buffer>.out
+    fused = {"graph_outputs": 29, "inputs_updated_in_place": 28}
+    assert result["compared"] == (fused if nodes == 229 else {"graph_outputs": 57, "inputs_updated_in_place": 0})
     replayed = result["replay"]
     assert replayed["tensors"] == 57 and replayed["passed"] and replayed["max_rel"] <= 1e-5
-    assert replayed["nodes"] == 229 and replayed["sessions"] < 229  # two layers share their sessions
+    assert replayed["nodes"] == nodes and replayed["sessions"] < nodes  # two layers share their sessions
     # the loss and the 28 update flags are bitwise equal; gradient sums that ORT's default level
     # fuses differently (or GatherGrad's threads add up in another order) may differ in the last bits
-    assert all(t["name"].endswith("_grad.accumulation.buffer") for t in replayed["not_bitwise"])
+    assert all("_grad.accumulation.buffer" in t["name"] for t in replayed["not_bitwise"])
     for key in ("original_order", "plan_order"):
         figures = result["ort_arena_bytes"][key]
         assert figures["same_as_requested"] > 0 and figures["next_power_of_two"] >= figures["same_as_requested"]
@@ -52,15 +57,17 @@ def clobber(plan: dict) -> tuple[dict, str, str]:
     raise AssertionError("no tensor is produced while another is live")
 
 
-def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(sample_plan, tmp_path):
-    model_path, _, plan, _ = sample_plan
+def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(runnable_plan, tmp_path):
+    model_path, _, plan, _ = runnable_plan
     bad, _, culprit = clobber(plan)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     r = roam("verify", model_path, tmp_path / "bad.json")
     assert r.code == 1 and "overlaps" in r.err and culprit in r.err
     r = roam("execute", model_path, "--plan", tmp_path / "bad.json", "--json")
-    assert r.code == 1 and "the arena replay differs from the plain run" in r.err, r.err
-    assert len(r.err.strip().splitlines()) == 1
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1, r.err
+    if "replay failed at step" in r.err:  # the clobbered tensor was an index a kernel then refused
+        return
+    assert "the arena replay differs from the plain run" in r.err, r.err
     result = r.json()
     assert result["annotated_run"]["passed"]  # ORT's own allocator never saw the bad offsets
     assert not result["replay"]["passed"] and result["replay"]["not_bitwise"]
@@ -153,8 +160,8 @@ def test_feeds_from_npz_must_match_the_inputs_and_the_rest_are_synthesised(tmp_p
     (["--plan", "{d}/other.json"], "the plan was made for another model", 2),
     (["--plan", "{d}/short.json"], "plan cannot be replayed: node", 1),
 ])
-def test_bad_execute_input_is_one_line(sample_plan, tmp_path, args, message, code):
-    model_path, plan_path, plan, _ = sample_plan
+def test_bad_execute_input_is_one_line(runnable_plan, tmp_path, args, message, code):
+    model_path, plan_path, plan, _ = runnable_plan
     np.savez(tmp_path / "wrong_name.npz", nope=np.zeros(3))
     other = {field: plan[field] | {"sha256": "0" * 64} for field in ("model", "source_model", "annotated_model")}
     (tmp_path / "other.json").write_text(json.dumps(plan | other))
@@ -175,3 +182,15 @@ def test_model_without_its_weights_is_refused(tmp_path):
     (tmp_path / "m.data").unlink()
     r = roam("execute", tmp_path / "m.onnx", "--plan", tmp_path / "plan.json")
     assert r.code == 2 and "needs the weights, but external data file m.data is absent" in r.err, r.err
+
+
+@pytest.mark.skipif(TRAINING_OPS, reason=f"{RUNTIME} runs ORT's fused training ops")
+@pytest.mark.parametrize("command", [("execute", "{m}", "--plan", "{p}"),
+                                     ("optimize", "{m}", "-o", "{d}/o.json", "--ort-optimized")])
+def test_a_fused_graph_where_the_runtime_lacks_its_ops_is_one_line_naming_op_and_fix(sample_plan, tmp_path, command):
+    model_path, plan_path, _, _ = sample_plan
+    r = roam(*(a.format(m=model_path, p=plan_path, d=tmp_path) for a in command))
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "com.microsoft:SoftmaxCrossEntropyLossGrad" in r.err and "roam lower" in r.err
+    assert "onnxruntime-training" in r.err and "Traceback" not in r.err
+    assert not (tmp_path / "o.json").exists()

@@ -33,7 +33,9 @@ def test_ort_order_is_a_reverse_dfs_with_shape_ops_moved_after_their_input(tmp_p
     # from the leaf r: inputs d (4) then s (1) are pushed, so d's cone is walked first, its
     # inputs a (0) and b (2) pushed in index order: b, a, c, d, then s, r. Shape moves up to
     # right after a, its input's producer.
-    assert ort_default(list(mm.preds), [n.op_type for n in graph.nodes]) == [2, 0, 1, 3, 4, 5]
+    op_types = [n.op_type for n in graph.nodes]
+    assert ort_default(list(mm.preds), op_types, training_build=True) == [2, 0, 1, 3, 4, 5]
+    assert ort_default(list(mm.preds), op_types, training_build=False) == [2, 0, 3, 4, 1, 5]  # post-order
 
 
 def test_ort_order_matches_onnx_runtime_profiling(tmp_path):

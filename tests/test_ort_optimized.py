@@ -7,7 +7,7 @@ import json
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import SAMPLE, roam
+from conftest import SAMPLE, roam, runnable
 from onnx_builder import model, node, save
 
 from roam_cli import pipeline
@@ -15,30 +15,38 @@ from roam_cli.frontend import ort_optimize
 
 
 @pytest.fixture(scope="module")
-def ort_plan(tmp_path_factory):
+def source(tmp_path_factory):
+    """The sample in the form the installed ONNX Runtime runs (fused, or lowered), and its nodes."""
+    path = runnable(SAMPLE, tmp_path_factory.mktemp("source"))
+    return path, len(onnx.load(str(path)).graph.node)
+
+
+@pytest.fixture(scope="module")
+def ort_plan(tmp_path_factory, source):
     """The sample planned after ORT's extended optimisations for the CPU (the option given bare)."""
     d = tmp_path_factory.mktemp("ort")
-    r = roam("optimize", SAMPLE, "-o", d / "plan.json", "--ort-optimized")
+    r = roam("optimize", source[0], "-o", d / "plan.json", "--ort-optimized")
     assert r.code == 0, r.err
     return d / "plan.json", json.loads((d / "plan.json").read_text()), d / "plan.annotated.onnx", r.out
 
 
-def test_the_annotated_model_is_orts_graph_in_planned_order(ort_plan, sample_plan):
+def test_the_annotated_model_is_orts_graph_in_planned_order(ort_plan, runnable_plan, source):
     plan_path, plan, annotated_path, _ = ort_plan
+    path, nodes = source
     annotated = onnx.load(str(annotated_path))
     onnx.checker.check_model(annotated)
     assert [n.name for n in annotated.graph.node] == plan["order"]
-    assert len(plan["order"]) < len(onnx.load(str(SAMPLE)).graph.node) == 229
+    assert len(plan["order"]) < nodes
     meta = {kv.key: kv.value for kv in annotated.metadata_props}
     assert meta["roam.ort_optimized"] == "extended/cpu"
     assert plan["ort_optimized"] == {"level": "extended", "provider": "cpu", "onnxruntime": ort.__version__}
     sha = hashlib.sha256(annotated_path.read_bytes()).hexdigest()
     assert plan["model"] == plan["annotated_model"] == {"path": "plan.annotated.onnx", "sha256": sha}
-    assert plan["source_model"]["sha256"] == hashlib.sha256(SAMPLE.read_bytes()).hexdigest()
-    # before: the sample as written, planned with the same (default) options as sample_plan
-    _, _, plain, _ = sample_plan
+    assert plan["source_model"]["sha256"] == hashlib.sha256(path.read_bytes()).hexdigest()
+    # before: the sample as written, planned with the same (default) options as runnable_plan
+    _, _, plain, _ = runnable_plan
     effect = plan["stats"]["ort_optimization"]
-    assert effect["before"] == {"nodes": 229, "peak_live_bytes": plain["peak_live_bytes"],
+    assert effect["before"] == {"nodes": nodes, "peak_live_bytes": plain["peak_live_bytes"],
                                 "arena_bytes": plain["arena_bytes"]}
     assert effect["after"] == {"nodes": len(plan["order"]), "peak_live_bytes": plan["peak_live_bytes"],
                                "arena_bytes": plan["arena_bytes"]}
@@ -46,9 +54,9 @@ def test_the_annotated_model_is_orts_graph_in_planned_order(ort_plan, sample_pla
     assert sorted(p.name for p in plan_path.parent.iterdir()) == ["plan.annotated.onnx", "plan.json"]
 
 
-def test_verify_passes_on_both_members(ort_plan):
+def test_verify_passes_on_both_members(ort_plan, source):
     plan_path, plan, annotated_path, _ = ort_plan
-    for path in (annotated_path, SAMPLE):  # the source is optimised again, the same way
+    for path in (annotated_path, source[0]):  # the source is optimised again, the same way
         r = roam("verify", path, plan_path)
         assert r.code == 0 and r.out.startswith(f"plan OK: {len(plan['order'])} nodes"), (path, r.err)
 
@@ -63,10 +71,10 @@ def test_execute_follows_the_plan_with_nothing_folded_or_added(ort_plan):
     assert result["annotated_run"]["passed"] and result["replay"]["passed"] and result["failures"] == []
 
 
-def test_report_says_what_orts_optimisations_changed(ort_plan):
+def test_report_says_what_orts_optimisations_changed(ort_plan, source):
     plan_path, plan, _, optimize_out = ort_plan
     before, after = plan["stats"]["ort_optimization"]["before"], plan["stats"]["ort_optimization"]["after"]
-    line = f"ORT optimisations (extended, cpu): 229 → {after['nodes']} nodes, peak live"
+    line = f"ORT optimisations (extended, cpu): {source[1]} → {after['nodes']} nodes, peak live"
     assert line in optimize_out.replace("\n", " ")
     assert line in roam("report", plan_path).out and line in roam("report", plan_path, "--format", "markdown").out
     summary = roam("report", plan_path, "--json").json()
@@ -82,28 +90,28 @@ def test_sessions_of_an_ort_optimised_model_optimise_nothing(ort_plan):
     assert set(pipeline.ORT_LEVELS) == set(ort_optimize.LEVELS)
 
 
-def test_reproducible_runs_give_the_same_plan_and_annotated_model(tmp_path):
+def test_reproducible_runs_give_the_same_plan_and_annotated_model(tmp_path, source):
     runs = [tmp_path / f"run{k}" for k in range(2)]
     for folder in runs:
         folder.mkdir()
-        r = roam("optimize", SAMPLE, "-o", folder / "p.json", "--ort-optimized", "basic", "--reproducible")
+        r = roam("optimize", source[0], "-o", folder / "p.json", "--ort-optimized", "basic", "--reproducible")
         assert r.code == 0, r.err
     for name in ("p.json", "p.annotated.onnx"):
         assert (runs[0] / name).read_bytes() == (runs[1] / name).read_bytes(), name
     stats = json.loads((runs[0] / "p.json").read_text())["stats"]
-    assert stats["seconds"] == {} and stats["ort_optimization"]["before"]["nodes"] == 229
+    assert stats["seconds"] == {} and stats["ort_optimization"]["before"]["nodes"] == source[1]
 
 
-def external(tmp_path):
-    """The sample with its initializers of 1 KiB and more in m.data."""
+def external(tmp_path, path):
+    """The model at `path` with its initializers of 1 KiB and more in m.data."""
     (tmp_path / "src").mkdir()
-    onnx.save(onnx.load(str(SAMPLE)), str(tmp_path / "src" / "m.onnx"), save_as_external_data=True,
+    onnx.save(onnx.load(str(path)), str(tmp_path / "src" / "m.onnx"), save_as_external_data=True,
               location="m.data", size_threshold=1024)
     return tmp_path / "src" / "m.onnx"
 
 
-def test_external_weights_stay_external_and_move_beside_the_annotated_model(tmp_path):
-    source = external(tmp_path)
+def test_external_weights_stay_external_and_move_beside_the_annotated_model(tmp_path, source):
+    source = external(tmp_path, source[0])
     r = roam("optimize", source, "-o", tmp_path / "plan.json", "--ort-optimized", "basic",
              "--annotated-model", tmp_path / "planned.onnx")
     assert r.code == 0, r.err
@@ -117,8 +125,8 @@ def test_external_weights_stay_external_and_move_beside_the_annotated_model(tmp_
     assert r.code == 0 and r.json()["order"]["agreement"] == 1.0, r.err
 
 
-def test_a_model_without_its_weights_cannot_be_optimised(tmp_path):
-    source = external(tmp_path)
+def test_a_model_without_its_weights_cannot_be_optimised(tmp_path, source):
+    source = external(tmp_path, source[0])
     (tmp_path / "src" / "m.data").unlink()
     r = roam("optimize", source, "-o", tmp_path / "plan.json", "--ort-optimized")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
@@ -126,11 +134,11 @@ def test_a_model_without_its_weights_cannot_be_optimised(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src"]
 
 
-def test_the_source_is_refused_when_another_onnxruntime_made_the_plan(ort_plan, tmp_path):
+def test_the_source_is_refused_when_another_onnxruntime_made_the_plan(ort_plan, tmp_path, source):
     _, plan, _, _ = ort_plan
     (tmp_path / "plan.json").write_text(json.dumps({**plan, "ort_optimized": {**plan["ort_optimized"],
                                                                                "onnxruntime": "0.1.0"}}))
-    r = roam("verify", SAMPLE, tmp_path / "plan.json")
+    r = roam("verify", source[0], tmp_path / "plan.json")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and "give the annotated model" in r.err, r.err
 
 

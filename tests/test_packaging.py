@@ -2,8 +2,12 @@
 imports from the source tree (editable install, these tests) but not from a wheel."""
 
 import re
-import tomllib
 from pathlib import Path
+
+try:
+    import tomllib
+except ModuleNotFoundError:  # Python 3.10: the test extra brings tomli
+    import tomli as tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 

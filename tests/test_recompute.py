@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import SAMPLE, roam
+from conftest import SAMPLE, needs_ort_training, roam
 from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import TensorProto
 from onnx_builder import model, node, save
@@ -209,46 +209,61 @@ def test_the_budget_ilp_recomputes_the_fewest_flops_that_fit(tmp_path, limit, sa
 
 # --- Dropout -----------------------------------------------------------------------------------
 
-def dropout_graph():
+def dropout_graph(form: str = "standard"):
     """h = Exp(W); d, mask = Dropout(h) in training mode; r = Relu(d); the backward reads h, d,
-    mask and r."""
-    return model([node("Exp", ["W"], ["h"]), node("Dropout", ["h", "ratio", "training"], ["d", "mask"]),
-                  node("Relu", ["d"], ["r"]), node("ReduceSum", ["r"], ["loss"], keepdims=0),
-                  node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT), node("Mul", ["d", "maskf"], ["g1"]),
-                  node("Mul", ["g1", "h"], ["g2"]), node("Mul", ["g2", "r"], ["W_grad"])],
-                 [("W", [N])], [("loss", []), ("W_grad", [N])],
-                 initializers=[const("ratio", 0.5, np.float32), const("training", True, np.bool_)])
+    mask and r: in standard ONNX, or (`fused`) through ORT's DropoutGrad as ORT's training graphs do."""
+    backward = ([node("Cast", ["mask"], ["maskf"], to=TensorProto.FLOAT), node("Mul", ["d", "maskf"], ["g1"])]
+                if form == "standard" else
+                [node("DropoutGrad", ["d", "mask", "ratio", "training"], ["g1"], domain="com.microsoft")])
+    m = model([node("Exp", ["W"], ["h"]), node("Dropout", ["h", "ratio", "training"], ["d", "mask"]),
+               node("Relu", ["d"], ["r"]), node("ReduceSum", ["r"], ["loss"], keepdims=0), *backward,
+               node("Mul", ["g1", "h"], ["g2"]), node("Mul", ["g2", "r"], ["W_grad"])],
+              [("W", [N])], [("loss", []), ("W_grad", [N])],
+              initializers=[const("ratio", 0.5, np.float32), const("training", True, np.bool_)])
+    if form == "fused":
+        m.opset_import.append(onnx.helper.make_opsetid("com.microsoft", 1))
+    return m
 
 
+# the replay's nodes in each form, and the one that makes the value with its inputs
+REPLAYS = {"fused": ({"DropoutGrad"}, ("h/recompute", "mask", "ratio", "training")),
+           "standard": ({"Sub", "Where", "Div"}, ("mask", "d_node/replay/scaled", "d_node/replay/zero"))}
+
+
+@pytest.mark.parametrize("form", ["standard", "fused"])
 @pytest.mark.parametrize("mode", ["free", "budget"])
-def test_dropout_is_never_recomputed_its_mask_is_kept_and_its_output_replayed(tmp_path, mode):
-    imported, mm = load(tmp_path, dropout_graph())
+def test_dropout_is_never_recomputed_its_mask_is_kept_and_its_output_replayed(tmp_path, mode, form):
+    imported, mm = load(tmp_path, dropout_graph(form))
     dropout = next(n for n in imported.graph.nodes if n.op_type == "Dropout")
     assert not ops.copyable(dropout, mode) and ops.op_class(dropout) is None
     choice = (recompute.free if mode == "free" else recompute.fewest_bytes)(imported.graph, mm)
     assert choice.problem.needed == {"h", "d", "mask", "r"}
     assert dropout.name not in copied_names(imported, choice)
     # only the mask must be kept: h (Exp of a parameter) and r (Relu of d) are copied, and d is
-    # replayed from the recomputed h and the mask (DropoutGrad), N FLOPs
+    # replayed from the recomputed h and the mask (DropoutGrad, or its standard form), N FLOPs
     assert choice.kept == {"mask"}
     assert choice.kept_bytes == N  # N bools
     assert sorted(copied_names(imported, choice)) == ["h_node", "r_node"]
     assert choice.replayed == ("d",)
     assert choice.flops == 3 * N
     rewritten, record = recompute.apply(imported, mm, choice, mode)
-    assert {n["op_type"] for n in record["nodes"]} == {"Exp", "Relu", "DropoutGrad"}
-    replay = next(n for n in record["nodes"] if n["op_type"] == "DropoutGrad")
-    assert (replay["of"], replay["class"], replay["flops"]) == (dropout.name, "dropout replay", N)
+    replay_ops, inputs = REPLAYS[form]
+    assert {n["op_type"] for n in record["nodes"]} == {"Exp", "Relu"} | replay_ops
+    replays = [n for n in record["nodes"] if n["class"] == "dropout replay"]
+    assert {n["of"] for n in replays} == {dropout.name} and sum(n["flops"] for n in replays) == N
+    replay = next(n for n in replays if n["flops"])
     assert sum(n.op_type == "Dropout" for n in rewritten.graph.nodes) == 1
     node = rewritten.graph.nodes[rewritten.graph.node_index()[replay["node"]]]
-    assert node.inputs == ("h/recompute", "mask", "ratio", "training")
+    assert node.inputs == inputs and node.outputs == ("d/recompute",)
+    assert all(n.domain == "" for n in rewritten.graph.nodes) == (form == "standard")
 
 
-def test_a_replayed_dropout_output_is_the_forward_s_bit_for_bit(tmp_path):
-    """ORT's DropoutGrad on the input and the mask computes what the Dropout computed: the
-    rewritten graph's outputs equal the original's exactly (the Dropout seeded, so that both
-    sessions draw the same mask)."""
-    m = dropout_graph()
+@pytest.mark.parametrize("form", ["standard", pytest.param("fused", marks=needs_ort_training)])
+def test_a_replayed_dropout_output_is_the_forward_s_bit_for_bit(tmp_path, form):
+    """ORT's DropoutGrad, or its standard form, on the input and the mask computes what the
+    Dropout computed: the rewritten graph's outputs equal the original's exactly (the Dropout
+    seeded, so that both sessions draw the same mask)."""
+    m = dropout_graph(form)
     next(n for n in m.graph.node if n.op_type == "Dropout").attribute.append(onnx.helper.make_attribute("seed", 7))
     imported, mm = load(tmp_path, m)
     choice = recompute.free(imported.graph, mm)
@@ -424,6 +439,25 @@ def test_check_recompute_refuses_a_copy_of_another_op(planned_free, tmp_path):
     step = {name: k for k, name in enumerate(plan["order"])}
     with pytest.raises(Violation, match="is not a copy of 'e2_node'"):
         check_recompute(imported.graph, plan["recompute"], step)
+
+
+@pytest.mark.parametrize("tamper, message", [
+    (lambda n: n.input.__setitem__(0, "W") if n.op_type == "Div" else None, "reads other tensors"),
+    (lambda n: n.input.__setitem__(1, "d_node/replay/one") if n.op_type == "Div" else None, "is not a Where"),
+    (lambda n: setattr(n, "op_type", "Mul") if n.op_type == "Div" else None, "is not a copy of 'd_node'"),
+])
+def test_check_recompute_refuses_a_standard_replay_that_computes_something_else(tmp_path, tamper, message):
+    imported, mm = load(tmp_path, dropout_graph("standard"))
+    rewritten, record = recompute.apply(imported, mm, recompute.free(imported.graph, mm), "free")
+    step = {n.name: k for k, n in enumerate(rewritten.graph.nodes)}
+    check_recompute(rewritten.graph, record, step)  # as written: fine
+    m = rewritten.model
+    for n in m.graph.node:
+        if n.name.startswith("d_node/replay"):
+            tamper(n)
+    tampered = import_model(save(m, tmp_path / "tampered.onnx"))
+    with pytest.raises(Violation, match=message):
+        check_recompute(tampered.graph, record, step)
 
 
 # --- ORT computes the same outputs with the copies (property) ----------------------------------

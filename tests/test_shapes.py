@@ -6,7 +6,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import SAMPLE, roam
+from conftest import SAMPLE, needs_ort_training, roam
 from onnx import helper
 from onnx_builder import model, node, save
 
@@ -16,6 +16,7 @@ from roam_cli.frontend.shapes import matmul_shape
 from roam_cli.frontend.synthetic import synthetic_feeds
 
 
+@needs_ort_training  # the shape rules for ORT's fused ops, against ORT running them
 def test_every_inferred_shape_matches_an_onnx_runtime_run_of_the_sample():
     imported = import_model(SAMPLE)
     probe = copy.deepcopy(imported.model)

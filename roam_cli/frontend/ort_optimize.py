@@ -12,7 +12,7 @@ from roam_cli.core.annotate import set_meta
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.memory import RECOMPUTE_KEY
 from roam_cli.frontend.onnx_import import external_data_files, load_model
-from roam_cli.frontend.providers import PROVIDERS, check_device, check_started
+from roam_cli.frontend.providers import PROVIDERS, check_device, check_runs, check_started
 
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
           "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED}
@@ -71,6 +71,7 @@ def optimize(model_path: Path, level: str, provider: str, out: Path) -> Path | N
     optimise (it folds constants), so a model whose external data file is absent is refused."""
     check_device(provider)
     model, _ = load_model(model_path)
+    check_runs(model, str(model_path))
     external = external_data_files(model)
     absent = sorted(f for f in external if not (model_path.parent / f).is_file())
     if absent:

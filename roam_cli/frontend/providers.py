@@ -1,9 +1,32 @@
-"""ONNX Runtime's execution providers by `--provider` name, whether this ONNX Runtime has them, and
-how a session gets ORT's own arena."""
+"""Which ONNX Runtime is installed and what it runs: its package, whether it has ORT's fused training
+ops, its execution providers by `--provider` name, and how a session gets ORT's own arena.
 
+onnxruntime, onnxruntime-gpu and onnxruntime-training(-cpu) all ship the one `onnxruntime` module,
+so an environment holds one of them: roam asks the module which package it came from."""
+
+import importlib.metadata
+from pathlib import Path
+
+import onnx
 import onnxruntime as ort
+from onnxruntime.capi import _pybind_state, build_and_package_info
 
 from roam_cli.core.errors import RoamError
+
+PACKAGE = getattr(build_and_package_info, "package_name", "onnxruntime")
+RUNTIME = f"{PACKAGE} {ort.__version__}"
+# onnxruntime-training registers the gradient, accumulator and optimizer kernels (com.microsoft).
+TRAINING_OPS = PACKAGE.startswith("onnxruntime-training")
+STANDARD_DOMAINS = ("", "ai.onnx")
+# The packages that ship the `onnxruntime` module (CPU, GPU, training and vendor builds).
+RUNTIME_PACKAGES = {"onnxruntime", "onnxruntime-gpu", "onnxruntime-training", "onnxruntime-training-cpu",
+                    "onnxruntime-directml", "onnxruntime-openvino", "onnxruntime-qnn", "onnxruntime-rocm"}
+# Where a session built from bytes finds external data: onnxruntime 1.20 on takes the folder as a
+# session option and refuses absolute locations; 1.19 has no such option and takes absolute ones.
+WEIGHTS_FOLDER = "session.model_external_initializers_file_folder_path"
+FINDS_WEIGHTS_BY_FOLDER = tuple(int(x) for x in ort.__version__.split(".")[:2]) >= (1, 20)
+FIX = ("`roam lower` rewrites the graph in standard ONNX, or run it with onnxruntime-training "
+       "(Python <= 3.12, in an environment of its own: see the README)")
 
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
@@ -12,7 +35,8 @@ def check_device(device: str) -> None:
     """Before any work: refuse a provider this ONNX Runtime build does not have."""
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():
         raise RoamError("CUDA is not available: this ONNX Runtime has only "
-                        f"{', '.join(ort.get_available_providers())} (install onnxruntime-training on a CUDA machine)")
+                        f"{', '.join(ort.get_available_providers())} (on a CUDA machine, install onnxruntime-gpu "
+                        "in place of onnxruntime, or onnxruntime-training in place of onnxruntime-training-cpu)")
 
 
 def check_started(session: ort.InferenceSession, device: str) -> None:
@@ -40,3 +64,39 @@ def arena_providers(device: str, options: ort.SessionOptions, same_as_requested:
         providers[0] = (providers[0], {"arena_extend_strategy": "kSameAsRequested" if same_as_requested
                                        else "kNextPowerOfTwo"})
     return providers
+
+
+def one_runtime() -> None:
+    """Refuse an environment where two ONNX Runtime packages were installed over each other."""
+    names = ((d.metadata["Name"] or "").lower().replace("_", "-") for d in importlib.metadata.distributions())
+    found = sorted({name for name in names if name in RUNTIME_PACKAGES})
+    if len(found) > 1:
+        raise RoamError(f"{' and '.join(found)} are installed in one environment: they ship the same `onnxruntime` "
+                        "module and overwrite each other's files; pip uninstall all of them, then install one")
+
+
+def check_runs(model: onnx.ModelProto, what: str) -> None:
+    """Before a session: refuse a node whose op this ONNX Runtime has no kernel for, naming the op and
+    the node (ORT would say it in a traceback). onnxruntime-training runs every op roam meets."""
+    one_runtime()
+    if TRAINING_OPS or not hasattr(_pybind_state, "get_all_opkernel_def"):
+        return
+    kernels = {(k.domain, k.op_name) for k in _pybind_state.get_all_opkernel_def()}
+    local = {(f.domain, f.name) for f in model.functions}
+    for n in model.graph.node:
+        key = (n.domain, n.op_type)
+        if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
+            raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
+                            f"{RUNTIME} does not run; {FIX}")
+
+
+def locate_weights(model: onnx.ModelProto, folder: Path) -> dict[str, str]:
+    """Sessions are built from bytes, which name no folder: let this ONNX Runtime find `model`'s
+    external data in `folder`. Returns the session config entries to set (none where the locations
+    were made absolute, as 1.19 needs)."""
+    located = [kv for t in model.graph.initializer for kv in t.external_data if kv.key == "location"]
+    if located and FINDS_WEIGHTS_BY_FOLDER:
+        return {WEIGHTS_FOLDER: str(folder.resolve())}
+    for kv in located:
+        kv.value = str((folder / kv.value).resolve())
+    return {}

@@ -358,7 +358,10 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
     Needs the weights (ORT reads them), so refuses a model whose external data is absent."""
     import onnxruntime as ort
 
+    from roam_cli.frontend.providers import check_runs, locate_weights
     from roam_cli.frontend.synthetic import synthetic_feeds
+
+    check_runs(model, f"--shapes-from-run {path}")
 
     probe = copy.deepcopy(model)
     g = probe.graph
@@ -370,10 +373,11 @@ def shapes_from_run(model: onnx.ModelProto, path: Path, names: list[str]) -> dic
         for kv in t.external_data:
             if kv.key == "location" and not (path.parent / kv.value).exists():
                 raise RoamError(f"--shapes-from-run needs the weights, but external data file {kv.value} is absent")
-            if kv.key == "location":
-                kv.value = str((path.parent / kv.value).resolve())
+    options = ort.SessionOptions()
+    for key, value in locate_weights(probe, path.parent).items():
+        options.add_session_config_entry(key, value)
     try:
-        session = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+        session = ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
         feeds = synthetic_feeds(session, seed=0)
         results = session.run(names, feeds)
     except RoamError:

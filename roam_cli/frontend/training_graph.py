@@ -170,6 +170,13 @@ class Artifacts:
 
 def training_api():
     """onnxruntime.training.onnxblock, or a one-line error saying what to install."""
+    from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
+
+    if not TRAINING_OPS:
+        raise RoamError(f"building the backward of an inference export needs ONNX Runtime's training artifacts: "
+                        f"onnxruntime-training and torch, in an environment of their own on Python <= 3.12 (see the "
+                        f"README); this one has {RUNTIME}. An artifacts training graph (training_model.onnx) becomes "
+                        "a full step here: make-training-graph it with --in-graph-optimizer")
     try:
         from onnxruntime.training import onnxblock
     except ImportError as e:
@@ -266,8 +273,10 @@ class Made:
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
-         optimizer_path: Path | None = None, checkpoint_path: Path | None = None, backward=build) -> Made:
-    """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step.
+         optimizer_path: Path | None = None, checkpoint_path: Path | None = None, backward=build,
+         fused: bool = False) -> Made:
+    """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
+    in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
     `backward` builds the training graph: `build` (ONNX Runtime's artifacts) or roam's own
     (`roam_cli.backward.step.build`: standard ONNX, no optimizer graph). An input that already is
@@ -276,6 +285,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
     from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
+    from roam_cli.lower import lower_model
 
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
     for i, path in enumerate(outputs):
@@ -283,9 +293,11 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     model, _ = load_model(infer_path)
     written: list[tuple[Path, str, int]] = []
 
-    def write(path: Path, what: str, proto: onnx.ModelProto) -> None:
-        write_atomic(path, proto.SerializeToString())
-        written.append((path, what, len(proto.graph.node)))
+    def write(*graphs: tuple[Path, str, onnx.ModelProto]) -> None:
+        final = [(path, what, proto if fused else lower_model(proto)) for path, what, proto in graphs]
+        for path, what, proto in final:
+            write_atomic(path, proto.SerializeToString())
+            written.append((path, what, len(proto.graph.node)))
 
     if gradient_accumulators(model.graph):
         if not in_graph:
@@ -294,10 +306,14 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         if loss is not None or requires_grad is not None or frozen or checkpoint_path:
             raise RoamError("--loss, --requires-grad, --frozen and --checkpoint apply to inference exports; a "
                             "training graph has its loss, and its parameters are those with gradient accumulators")
-        write(out_path, "full step", full_step(model, optimizer))
+        write((out_path, "full step", full_step(model, optimizer)))
         return Made(None, Counter(), written)
     if loss is None:
         raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
+    if backward is build:
+        training_api()  # before any work: what to install, if the backward cannot be built here
+    elif fused:
+        raise RoamError("--fused keeps the fused ops of ONNX Runtime's backward: give --backend ort-artifacts too")
     absent = sorted(f for f in external_data_files(model) if not (infer_path.parent / f).is_file())
     if checkpoint_path and absent:  # refused before any work: the checkpoint is the one output needing weights
         raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
@@ -306,22 +322,14 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     chosen = survey(model, requires_grad, frozen)
     built = backward(model, chosen, loss, None if in_graph else optimizer)
     graph = full_step(built.training, optimizer) if in_graph else built.training
-    graph = graph if backward is build else standard(graph)
     if checkpoint_path:  # first: reading the weights may still fail
         write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
         written.append((checkpoint_path, "checkpoint", 0))
-    write(out_path, "full step" if in_graph else "training graph", graph)
-    if not in_graph and built.optimizer is not None:
-        write(optimizer_path, "optimizer graph", built.optimizer)
+    if in_graph or built.optimizer is None:
+        write((out_path, "full step" if in_graph else "training graph", graph))
+    else:
+        write((out_path, "training graph", graph), (optimizer_path, "optimizer graph", built.optimizer))
     return Made(chosen, repaired, written)
-
-
-def standard(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` in standard ONNX: roam's backward leaves BatchNormalization's training form and the
-    gradient accumulators to the `lower` package."""
-    from roam_cli.lower import lower_model, nonstandard_nodes
-
-    return lower_model(model) if nonstandard_nodes(model) else model
 
 
 def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:

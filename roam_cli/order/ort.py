@@ -5,16 +5,19 @@ nodes (nodes no other node reads) along input edges, emitting each node after al
 (post-order). Leaves start on a stack in index order, so the last leaf is explored first; a
 node's input nodes are pushed in ascending index order, so the highest-index input is explored
 first. Training builds (onnxruntime-training, ENABLE_TRAINING) then move every `Shape`/`Size`
-node to right after the node producing its input, so that input can be freed early.
+node to right after the node producing its input, so that input can be freed early; other
+builds do not (`training_build`, by default the installed runtime's).
 
-Cross-checked against ORT 1.19 profiling (`benchmarks/ort_order_check.py`). The edges are the
+Cross-checked against ORT 1.19 (training) and 1.32 profiling (`benchmarks/ort_order_check.py`). The edges are the
 memory model's constraints: data edges plus the in-place rules, which ORT does not need because
 it does not update declared state in place; on graphs without such rules they are ORT's edges."""
+
+from roam_cli.frontend.providers import TRAINING_OPS
 
 SHAPE_OPS = ("Shape", "Size")
 
 
-def ort_default(preds: list[tuple[int, ...]], op_types: list[str]) -> list[int]:
+def ort_default(preds: list[tuple[int, ...]], op_types: list[str], training_build: bool = TRAINING_OPS) -> list[int]:
     n = len(preds)
     has_user = [False] * n
     for ps in preds:
@@ -36,7 +39,7 @@ def ort_default(preds: list[tuple[int, ...]], op_types: list[str]) -> list[int]:
 
     followers: dict[int, list[int]] = {}  # producer -> Shape/Size nodes reading its output
     for v in range(n):
-        if op_types[v] in SHAPE_OPS and preds[v]:
+        if training_build and op_types[v] in SHAPE_OPS and preds[v]:
             followers.setdefault(min(preds[v]), []).append(v)
     order, placed = [], [False] * n
     for v in post_order:

@@ -88,8 +88,9 @@ def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tup
         source = graph.nodes[originals[original]]
         if rewritten.graph.nodes[index[name]].op_type == source.op_type:
             kind, cost = ops.op_class(source), p.flops[position[originals[original]]]
-        else:
-            kind, cost = ops.REPLAY_CLASS, p.replays[source.outputs[0]][1]
+        else:  # a replay's nodes: its FLOPs on the one that makes the value
+            made = renamed[source.outputs[0]] in rewritten.graph.nodes[index[name]].outputs
+            kind, cost = ops.REPLAY_CLASS, p.replays[source.outputs[0]][1] if made else 0
         flops_by_class[kind] += cost
         nodes.append({"node": name, "of": original, "op_type": rewritten.graph.nodes[index[name]].op_type,
                       "class": kind, "flops": cost})

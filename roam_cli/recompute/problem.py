@@ -4,7 +4,8 @@ The forward pass (the loss's ancestors) computes values; the nodes after it (bac
 accumulation, optimizer) read some of them (`needed`). A needed value is either kept live from
 the forward into the backward (saved), or recomputed there by a copy of its producer, whose own
 inputs are in turn saved, recomputed, or persistent (`free`: parameters and data inputs are live
-anyway). A Dropout's output has one more way back: its replay, ONNX Runtime's DropoutGrad
+anyway). A Dropout's output has one more way back: its replay (rewrite.py: ONNX Runtime's DropoutGrad,
+or in a standard graph its standard form)
 applied to the Dropout's input with the saved mask (the very kernel the backward uses, which
 computes input x mask x scale as the forward did); the random op itself is never copied.
 Solvers choose the saved set; `recomputed()` derives the copies and replays it implies."""

@@ -2,8 +2,11 @@
 
 Each recomputed node gets one copy, named `<node>/recompute`, whose outputs are named
 `<output>/recompute` (a counter is appended when a name is taken), reading the saved, persistent
-or recomputed versions of its inputs. A replayed Dropout output is made by `<dropout>/replay`,
-ONNX Runtime's DropoutGrad on the Dropout's input, saved mask, ratio and training mode. Every
+or recomputed versions of its inputs. A replayed Dropout output is made by `<dropout>/replay`
+from the Dropout's input, saved mask, ratio and training mode: in a graph whose backward uses
+ONNX Runtime's DropoutGrad, that kernel (the backward's own arithmetic); in any other graph, in
+standard ONNX, as ONNX Runtime's Dropout computes it, bit for bit: where the mask is true,
+input / (1 - ratio), else 0 (training mode off: the ratio taken as 0, the mask being all true). Every
 node after the forward that read a recomputed value reads the new one instead; the forward itself
 is untouched. A new node is placed in the file right before the first node that needs it, as an
 eager framework's checkpointing runs it. The model's metadata_props[RECOMPUTE_KEY] maps each
@@ -13,10 +16,12 @@ ONNX Runtime sessions)."""
 import json
 from dataclasses import replace
 
+import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from roam_cli.core.annotate import set_meta
-from roam_cli.core.graph import Graph, Node
+from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.core.memory import RECOMPUTE_KEY
 from roam_cli.frontend.onnx_import import Imported
 
@@ -34,6 +39,27 @@ def unique(name: str, taken: set[str], suffix: str = SUFFIX) -> str:
     return candidate
 
 
+def standard_replay(name: str, dropout: Node, data: str, out: str, graph: Graph, taken: set[str]
+                    ) -> tuple[list[Node], list[onnx.TensorProto], list[Value]]:
+    """The nodes that replay `dropout`'s output from `data` in standard ONNX, the scalar constants
+    they read, and their intermediate values: keep = mode ? 1 - ratio : 1; out = mask ? data / keep : 0."""
+    source, ratio, mode = dropout.inputs  # `data` is `source` or its recomputed copy
+    mask = dropout.outputs[1]
+    one = numpy_helper.from_array(np.array(1, helper.tensor_dtype_to_np_dtype(graph.values[ratio].dtype)),
+                                  unique(name, taken, "/one"))
+    zero = numpy_helper.from_array(np.array(0, helper.tensor_dtype_to_np_dtype(graph.values[source].dtype)),
+                                   unique(name, taken, "/zero"))
+    kept, keep, scaled = (unique(name, taken, s) for s in ("/kept", "/keep", "/scaled"))
+    nodes = [Node(kept, "Sub", "", (one.name, ratio), (kept,)),
+             Node(keep, "Where", "", (mode, kept, one.name), (keep,)),
+             Node(scaled, "Div", "", (data, keep), (scaled,)),
+             Node(name, "Where", "", (mask, scaled, zero.name), (out,))]
+    scalar = graph.values[ratio].dtype
+    values = [Value(one.name, scalar, ()), Value(zero.name, zero.data_type, ()), Value(kept, scalar, ()),
+              Value(keep, scalar, ()), replace(graph.values[source], name=scaled)]
+    return nodes, [one, zero], values
+
+
 def rewrite(imported: Imported, forward: set[int], copied: list[int], saved: set[str],
             replayed: set[str]) -> tuple[Imported, dict[str, str], dict[str, str]]:
     """The imported model with a copy of each node in `copied` (graph indices of forward nodes)
@@ -45,18 +71,28 @@ def rewrite(imported: Imported, forward: set[int], copied: list[int], saved: set
     value_names = set(graph.values)
     renamed = {out: unique(out, value_names) for i in copied for out in graph.nodes[i].outputs if out not in saved}
     renamed |= {v: unique(v, value_names) for v in sorted(replayed)}
-    added: dict[int, Node] = {}  # graph index of the original -> its copy or replay
+    added: dict[int, list[Node]] = {}  # graph index of the original -> its copy, or its replay's nodes
+    constants: list[onnx.TensorProto] = []  # the standard replays' scalars
+    values = dict(graph.values)
     for i in copied:
         n = graph.nodes[i]
         outputs = tuple(renamed[o] if o in renamed else unique(o, value_names) for o in n.outputs)
-        added[i] = Node(unique(n.name, node_names), n.op_type, n.domain, tuple(renamed.get(x, x) for x in n.inputs),
-                        outputs)
+        added[i] = [Node(unique(n.name, node_names), n.op_type, n.domain, tuple(renamed.get(x, x) for x in n.inputs),
+                         outputs)]
+    fused = any((n.domain, n.op_type) == (REPLAY_DOMAIN, REPLAY_OP) for n in graph.nodes)
     for v in sorted(replayed):
         i = graph.producer[v]
         n = graph.nodes[i]
         data, ratio, mode = n.inputs
-        added[i] = Node(unique(n.name, node_names, REPLAY), REPLAY_OP, REPLAY_DOMAIN,
-                        (renamed.get(data, data), n.outputs[1], ratio, mode), (renamed[v],))
+        name = unique(n.name, node_names, REPLAY)
+        if fused:
+            added[i] = [Node(name, REPLAY_OP, REPLAY_DOMAIN, (renamed.get(data, data), n.outputs[1], ratio, mode),
+                             (renamed[v],))]
+        else:
+            added[i], scalars, made = standard_replay(name, n, renamed.get(data, data), renamed[v], graph,
+                                                      node_names | value_names)
+            constants += scalars
+            values.update({x.name: x for x in made})
 
     sequence: list[tuple[Node, Node]] = []  # (original, node) in the new file order
     placed: set[int] = set()
@@ -67,7 +103,7 @@ def rewrite(imported: Imported, forward: set[int], copied: list[int], saved: set
             for x in graph.nodes[i].inputs:  # the original's: `renamed` maps them to what the new node reads
                 if x in renamed:
                     place(graph.producer[x])
-            sequence.append((graph.nodes[i], added[i]))
+            sequence.extend((graph.nodes[i], node) for node in added[i])
 
     for i, n in enumerate(graph.nodes):
         if i in forward:
@@ -78,21 +114,22 @@ def rewrite(imported: Imported, forward: set[int], copied: list[int], saved: set
                 place(graph.producer[x])
         sequence.append((n, replace(n, inputs=tuple(renamed.get(x, x) for x in n.inputs))))
 
-    values = dict(graph.values)
-    for i, node in added.items():
-        for old, new in zip(graph.nodes[i].outputs, node.outputs):
+    for i, nodes in added.items():  # a copy's outputs, a replay's last: the original's values renamed
+        for old, new in zip(graph.nodes[i].outputs, nodes[-1].outputs):
             values[new] = replace(graph.values[old], name=new)
-    originals = {node.name: graph.nodes[i].name for i, node in added.items()}
+    originals = {node.name: graph.nodes[i].name for i, nodes in added.items() for node in nodes}
     metadata = {**graph.metadata, RECOMPUTE_KEY: json.dumps(originals, sort_keys=True)}
     nodes = [n for _, n in sequence]
-    new_graph = Graph(nodes, values, graph.inputs, graph.initializers, graph.outputs, graph.constants, metadata)
-    model = rewrite_model(imported.model, sequence, values, metadata[RECOMPUTE_KEY])
+    new_graph = Graph(nodes, values, graph.inputs, list(graph.initializers) + [c.name for c in constants], graph.outputs,
+                      graph.constants, metadata)
+    model = rewrite_model(imported.model, sequence, values, metadata[RECOMPUTE_KEY], constants)
     return replace(imported, graph=new_graph, model=model), originals, renamed
 
 
-def rewrite_model(model: onnx.ModelProto, sequence: list[tuple[Node, Node]], values: dict, recorded: str) -> onnx.ModelProto:
+def rewrite_model(model: onnx.ModelProto, sequence: list[tuple[Node, Node]], values: dict, recorded: str,
+                  constants: list[onnx.TensorProto]) -> onnx.ModelProto:
     """The ONNX model of `sequence`: a copy is the clone of its original's proto under its own
-    name, inputs and outputs, a replay a new DropoutGrad node; value_info for their outputs."""
+    name, inputs and outputs, a replay's nodes new ones; value_info for their outputs."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     protos = {p.name: p for p in out.graph.node}
@@ -100,9 +137,9 @@ def rewrite_model(model: onnx.ModelProto, sequence: list[tuple[Node, Node]], val
     nodes = []
     for original, node in sequence:
         p = onnx.NodeProto()
-        if node.op_type == REPLAY_OP and original.op_type != REPLAY_OP:
-            p = onnx.helper.make_node(REPLAY_OP, list(node.inputs), list(node.outputs), name=node.name,
-                                      domain=REPLAY_DOMAIN)
+        if node.op_type != original.op_type:  # a replay's
+            p = onnx.helper.make_node(node.op_type, list(node.inputs), list(node.outputs), name=node.name,
+                                      domain=node.domain)
         else:
             p.CopyFrom(protos[original.name])
         if node is not original and node.op_type == original.op_type:
@@ -119,6 +156,7 @@ def rewrite_model(model: onnx.ModelProto, sequence: list[tuple[Node, Node]], val
         nodes.append(p)
     del out.graph.node[:]
     out.graph.node.extend(nodes)
+    out.graph.initializer.extend(constants)
     if any(n.op_type == REPLAY_OP and n.domain == REPLAY_DOMAIN for _, n in sequence) and \
             not any(o.domain == REPLAY_DOMAIN for o in out.opset_import):
         out.opset_import.append(onnx.helper.make_opsetid(REPLAY_DOMAIN, 1))

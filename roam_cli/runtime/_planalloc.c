@@ -7,9 +7,11 @@
  * docs/runtime.md). So this module serves ORT's requests where they leave ORT:
  *
  * - CPU: with its arena off (enable_cpu_mem_arena = False), ORT's CPU allocator takes every
- *   tensor and kernel scratch buffer from posix_memalign and returns it with free. install()
- *   points those two entries of the ORT library's global offset table at our functions, the
- *   way a preloaded allocator would, but for that one library only.
+ *   tensor and kernel scratch buffer from posix_memalign and returns it with free (onnxruntime
+ *   1.19), or from C++'s aligned operator new and delete (onnxruntime 1.20 on). install() points
+ *   those entries of the ORT library's global offset table at our functions, the way a preloaded
+ *   allocator would, but for that one library only. libstdc++'s aligned delete is free, so a
+ *   buffer from either pair may be returned through the other.
  * - CUDA: the CUDA provider takes external allocator functions as provider options
  *   (gpu_external_alloc / gpu_external_free / gpu_external_empty_cache); cuda_functions()
  *   gives their addresses. cudaMalloc and cudaFree are looked up at run time in the CUDA
@@ -295,6 +297,26 @@ static int hook_posix_memalign(void **out, size_t align, size_t size) {
     return 0;
 }
 
+static void hook_free(void *p);
+
+/* operator new(size_t, align_val_t): a C function cannot throw bad_alloc, so a request that
+ * neither the arena nor the system can serve ends the process, as an uncaught bad_alloc would. */
+static void *hook_new_aligned(size_t size, size_t align) {
+    void *p = allocate(CPU, size, align);
+    if (!p) abort();
+    return p;
+}
+
+static void hook_delete_aligned(void *p, size_t align) {
+    (void)align;
+    hook_free(p);
+}
+
+static void hook_delete_sized_aligned(void *p, size_t size, size_t align) {
+    (void)size, (void)align;
+    hook_free(p);
+}
+
 static void hook_free(void *p) {
     if (!dev[CPU].base && !dev[CPU].mode && !dev[CPU].fallback.used && !dev[CPU].rec_live.used) {
         real_free(p); /* nothing of ours can be live: the common path takes no lock */
@@ -372,9 +394,12 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
 #error "GOT patching is written for x86-64 and aarch64"
 #endif
             const char *name = names + syms[ELF64_R_SYM(r[i].r_info)].st_name;
-            void *target = !strcmp(name, "posix_memalign") ? (void *)hook_posix_memalign
-                           : !strcmp(name, "free")         ? (void *)hook_free
-                                                           : NULL;
+            void *target = !strcmp(name, "posix_memalign")         ? (void *)hook_posix_memalign
+                           : !strcmp(name, "free")                   ? (void *)hook_free
+                           : !strcmp(name, "_ZnwmSt11align_val_t")   ? (void *)hook_new_aligned
+                           : !strcmp(name, "_ZdlPvSt11align_val_t")  ? (void *)hook_delete_aligned
+                           : !strcmp(name, "_ZdlPvmSt11align_val_t") ? (void *)hook_delete_sized_aligned
+                                                                     : NULL;
             if (!target) continue;
             void **slot = (void **)(base + r[i].r_offset);
             if (*slot == target) { job->patched++; continue; } /* installed before */

@@ -27,7 +27,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 
 from roam_cli import layout
 from roam_cli.core.errors import RoamError
-from roam_cli.frontend.providers import PROVIDERS
+from roam_cli.frontend.providers import PROVIDERS, RUNTIME
 from roam_cli.runtime import _planalloc
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
@@ -91,7 +91,7 @@ class ArenaAllocator:
         options.enable_mem_pattern = False  # a pattern is one block for the whole step: nothing to place
         options.enable_mem_reuse = False  # ORT's own reuse would hand one request to several tensors
         if self.device == "cpu":
-            options.enable_cpu_mem_arena = False  # ORT's CPU allocator then asks posix_memalign per tensor
+            options.enable_cpu_mem_arena = False  # ORT's CPU allocator then asks the system per tensor
         return options
 
     def providers(self) -> list:
@@ -113,6 +113,9 @@ class ArenaAllocator:
                 yield current
             finally:
                 sizes, allocs, frees, events = _planalloc.end_record(self.device)
+            if not sizes:
+                raise RoamError(f"roam's allocator saw none of {RUNTIME}'s {self.device} allocations (it allocates "
+                                "otherwise than the hooks expect): run with --allocator ort")
             self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)])
             current.stats = {"recorded": len(sizes), "recorded_bytes": sum(sizes)}
             self._load(self.recording)

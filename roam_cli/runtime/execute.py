@@ -36,7 +36,7 @@ from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.frontend.ort_optimize import SessionOptimizations, planned_optimizations
-from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.runtime.replay import replay, storage_roots
 
@@ -84,14 +84,6 @@ def in_order(model: onnx.ModelProto, names: list[str]) -> onnx.ModelProto:
     return copy
 
 
-def absolute_weights(model: onnx.ModelProto, folder: Path) -> None:
-    """Sessions are built from bytes: point external data at absolute paths."""
-    for t in model.graph.initializer:
-        for kv in t.external_data:
-            if kv.key == "location":
-                kv.value = str((folder / kv.value).resolve())
-
-
 def input_specs(graph) -> list[tuple[str, str, tuple[int, ...]]]:
     return [(name, np.dtype(helper.tensor_dtype_to_np_dtype(graph.values[name].dtype)).str, graph.values[name].shape)
             for name in graph.inputs]
@@ -120,11 +112,14 @@ def make_feeds(specs: list, inputs_path: Path | None, seed: int) -> tuple[dict[s
 
 
 def session(model_bytes: bytes, device: str, ordered: SessionOptimizations | None, profile_prefix: str | None = None,
-            same_as_requested: bool = False) -> ort.InferenceSession:
+            same_as_requested: bool = False, config: dict[str, str] | None = None) -> ort.InferenceSession:
     """A session for one step. `ordered`: nodes in file order (PRIORITY_BASED) with the graph
-    optimisations `planned_optimizations` gives the annotated model; None: ORT's defaults."""
+    optimisations `planned_optimizations` gives the annotated model; None: ORT's defaults.
+    `config`: session config entries (locate_weights')."""
     options = ort.SessionOptions()
     options.log_severity_level = 3
+    for key, value in (config or {}).items():
+        options.add_session_config_entry(key, value)
     if ordered:
         options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
         options.graph_optimization_level = ordered.level
@@ -250,7 +245,7 @@ def extended_bytes(log: str, arena: str) -> int | None:
 
 
 def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, seed: int, device: str,
-                    ordered: SessionOptimizations) -> dict:
+                    ordered: SessionOptimizations, config: dict[str, str]) -> dict:
     """In a fresh process: ORT's arena bytes for session start plus one step, per extension
     strategy. ORT logs arena growth at INFO on stderr: stderr goes to a file and is parsed.
     The step's input buffers are made before counting starts: the caller owns them."""
@@ -262,7 +257,7 @@ def ort_arena_bytes(model_bytes: bytes, specs: list, inputs_path: Path | None, s
     for strategy in ("next_power_of_two", "same_as_requested"):
         same = strategy == "same_as_requested"
         begin = os.lseek(2, 0, os.SEEK_CUR)
-        s = session(model_bytes, device, ordered, same_as_requested=same)
+        s = session(model_bytes, device, ordered, same_as_requested=same, config=config)
         run_step(s, inputs, device)
         del s
         end = os.lseek(2, 0, os.SEEK_CUR)
@@ -293,6 +288,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     """execute_plan() on the plan's graph, read from `model_path`."""
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
+    check_runs(imported.model, str(model_path))
     graph = imported.graph
     storage_roots(graph, plan)  # a plan the replay cannot follow safely stops here
     notes = []
@@ -304,8 +300,8 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     initializers = initializer_values(imported.model, folder)
     annotated = annotate.annotate(imported.model, graph, plan, imported.path, imported.path)
     ordered = planned_optimizations(annotated)
-    absolute_weights(imported.model, folder)
-    absolute_weights(annotated, folder)
+    config = locate_weights(imported.model, folder)
+    locate_weights(annotated, folder)
     original_bytes, annotated_bytes = imported.model.SerializeToString(), annotated.SerializeToString()
     annotated_in_original_order = in_order(annotated, [n.name for n in graph.nodes]).SerializeToString()
     specs = input_specs(graph)
@@ -315,7 +311,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
 
     t = time.perf_counter()
     say("plain run of the original model")
-    outputs, after = run_step(session(original_bytes, device, None), on_device(feeds, device), device)
+    outputs, after = run_step(session(original_bytes, device, None, config=config), on_device(feeds, device), device)
     updated = [name for name in after if not np.array_equal(after[name], feeds[name])]
     reference = outputs | {name: after[name] for name in updated}
     del outputs, after
@@ -324,7 +320,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     t = time.perf_counter()
     say("annotated model in plan order, profiled")
     with tempfile.TemporaryDirectory() as tmp:
-        s = session(annotated_bytes, device, ordered, profile_prefix=os.path.join(tmp, "ort"))
+        s = session(annotated_bytes, device, ordered, profile_prefix=os.path.join(tmp, "ort"), config=config)
         outputs, after = run_step(s, on_device(feeds, device), device)
         order = order_agreement(plan["order"], executed_order(Path(s.end_profiling())))
         del s
@@ -342,7 +338,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     arena = {}
     for key, model_bytes in (("original_order", annotated_in_original_order), ("plan_order", annotated_bytes)):
         say(f"measuring ORT's arena ({key.replace('_', ' ')})")
-        arena[key] = measure_in_child(model_bytes, specs, inputs_path, seed, device, ordered)
+        arena[key] = measure_in_child(model_bytes, specs, inputs_path, seed, device, ordered, config)
     seconds["ort_arena"] = time.perf_counter() - t
 
     failures = []

@@ -89,7 +89,7 @@ class Kernels:
         self.model, self.graph, self.device = model, graph, device
         self.options = ort.SessionOptions()
         self.options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-        self.options.log_severity_level = 3
+        self.options.log_severity_level = 4  # a failing node's error comes back as the exception, not on stderr too
         self.cache: dict[tuple, ort.InferenceSession] = {}
 
     def signature(self, node: onnx.NodeProto) -> tuple[list, list]:

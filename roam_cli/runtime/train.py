@@ -32,14 +32,13 @@ from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
-from roam_cli.frontend.providers import arena_providers, check_device, check_started
+from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
 from roam_cli.runtime.allocator import ArenaAllocator
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
     RTOL,
-    absolute_weights,
     difference,
     extended_bytes,
     in_order,
@@ -90,6 +89,7 @@ class PlannedSession:
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
+            check_runs(imported.model, str(model_path))
             self.graph = imported.graph
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
             not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
@@ -101,8 +101,8 @@ class PlannedSession:
             if not recomputing and "recompute" in plan:
                 model = rewrite.undo(model, plan["recompute"])
             seed_random_ops(model, seed)
-            absolute_weights(model, imported.path.resolve().parent)
-            self.session = self._session(model, ordered, allocator, log_arena, config or {})
+            config = (config or {}) | locate_weights(model, imported.path.resolve().parent)
+            self.session = self._session(model, ordered, allocator, log_arena, config)
         self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_shapes = {name: tuple(shape) for name, _, shape in input_specs(self.graph)}
