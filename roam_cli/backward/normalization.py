@@ -39,13 +39,11 @@ def reduce_mean(g):
 
 
 def softmax(g):
-    g.fused(activations.softmax_grad_13, "SoftmaxGrad_13", [g.dy(), g.output(0)], [0])
+    g.fused(activations.softmax_grad, "SoftmaxGrad_13", [g.dy(), g.output(0)], [0])
 
 
 def log_softmax(g):
-    """dx = dy - softmax * sum(dy) over the axis; softmax = exp(y)."""
-    total = g.op("ReduceSum", g.dy(), g.axes(g.attr("axis", -1)), keepdims=1)
-    g.give(0, g.op("Sub", g.dy(), g.op("Mul", g.op("Exp", g.output(0)), total)))
+    g.fused(lambda e: activations.softmax_grad(e, log=True), "LogSoftmaxGrad_13", [g.dy(), g.output(0)], [0])
 
 
 def layer_norm(g):
