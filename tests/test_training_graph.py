@@ -95,10 +95,11 @@ def test_survey_finds_parameters_by_name_freezes_running_state_and_flags_folding
     assert s.trainable == ["fc.weight", "fc.bias", "ln.weight", "bn.weight", "bn.bias"]
     assert s.elements == 12 + 4 + 4 + 4 + 4
     assert s.frozen == ["bn.running_mean", "bn.running_var"]
-    assert s.folded == ["val_7"]  # random values feeding a MatMul; the 0/-inf mask is not flagged
+    assert s.found.folded == {"val_7": ""}  # in a MatMul's weight place; the mask feeding Add is a constant
+    assert s.constants == ["val_7", "where", "shape"]
     assert s.shared == {"ln.weight": 2}
     warnings = s.warnings()
-    assert len(warnings) == 2 and "val_7" in warnings[0] and "optimize=False" in warnings[0]
+    assert len(warnings) == 2 and "--trainable val_7 " in warnings[0]
     assert "ln.weight: 2" in warnings[1]
 
 

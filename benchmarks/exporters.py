@@ -1,0 +1,113 @@
+#!/usr/bin/env python3
+"""Exporter x model: how many of PyTorch's parameters `roam make-training-graph` recovers.
+
+    PYTHONPATH=. python benchmarks/exporters.py                 # the table in docs/training-graphs.md
+    PYTHONPATH=. python benchmarks/exporters.py --only gpt2,bert --exporters dynamo --out DIR
+
+Each model is a tiny configuration of its architecture (2 layers, hidden 32, small vocabulary and
+images), built from its Hugging Face configuration with fresh weights: no download. Each is
+exported four ways, with the exporter's default options:
+
+- dynamo:      torch.onnx.export(model, args, "model.onnx", kwargs=..., dynamo=True)   (external data)
+- torchscript: torch.onnx.export(model, args, "model.onnx", kwargs=..., dynamo=False)
+- optimum:     model.save_pretrained(DIR); optimum.exporters.onnx.main_export(DIR, OUT, task=TASK)
+- roam:        roam_cli.frontend.torch_export.export(model, args, ...)
+
+then `roam make-training-graph model.onnx -o train.onnx --loss LOSS --json` runs on each, and a
+cell is the count of PyTorch's trainable parameters that are trainable in the training graph
+under their own name, over PyTorch's count, followed by the warnings roam printed.
+
+Needs torch, transformers (<4.58 for optimum-onnx), onnxscript and optimum-onnx."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import subprocess
+import sys
+import tempfile
+import warnings
+from pathlib import Path
+
+import torch
+
+SEED = 0
+BATCH, SEQ, IMAGE = 2, 8, 32
+
+
+def configs():
+    import transformers as hf
+
+    eager = dict(attn_implementation="eager")
+    return {  # name: (config, model class, optimum task, language model?)
+        "gpt2": (hf.GPT2Config(vocab_size=128, n_positions=32, n_layer=2, n_embd=32, n_head=2, use_cache=False,
+                               **eager), hf.GPT2LMHeadModel, "text-generation", True),
+        "bert": (hf.BertConfig(vocab_size=128, max_position_embeddings=32, num_hidden_layers=2, hidden_size=32,
+                               num_attention_heads=2, intermediate_size=64, **eager), hf.BertForMaskedLM,
+                 "fill-mask", True),
+        "vit": (hf.ViTConfig(hidden_size=32, num_hidden_layers=2, num_attention_heads=2, intermediate_size=64,
+                             image_size=IMAGE, patch_size=8, num_labels=10, **eager),
+                hf.ViTForImageClassification, "image-classification", False),
+        "t5": (hf.T5Config(vocab_size=128, d_model=32, d_kv=16, d_ff=64, num_layers=2, num_heads=2,
+                           decoder_start_token_id=0, use_cache=False, **eager),
+               hf.T5ForConditionalGeneration, "text2text-generation", True),
+        "resnet50": (hf.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32, 64, 128], depths=[3, 4, 6, 3],
+                                     layer_type="bottleneck", num_labels=10),
+                     hf.ResNetForImageClassification, "image-classification", False),
+        "llama": (hf.LlamaConfig(vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                                 num_attention_heads=2, num_key_value_heads=1, max_position_embeddings=32,
+                                 use_cache=False, **eager), hf.LlamaForCausalLM, "text-generation", True),
+    }
+
+
+def build(name: str):
+    """(model in train mode, positional args, keyword args, --loss)."""
+    config, cls, _, language = configs()[name]
+    torch.manual_seed(SEED)
+    model = cls(config).train()
+    if language:
+        ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
+        return model, (ids,), {"labels": ids}, "none"  # the model's own loss is its first output
+    return model, (torch.randn(BATCH, 3, IMAGE, IMAGE),), {}, "cross-entropy"
+
+
+EXPORTERS = ("dynamo", "torchscript", "optimum", "roam")
+
+
+def export(exporter: str, name: str, folder: Path) -> Path:
+    """Export model `name` into `folder`; returns the ONNX file to make a training graph of."""
+    model, args, kwargs, _ = build(name)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "model.onnx"
+    if exporter in ("dynamo", "torchscript"):
+        torch.onnx.export(model, args, str(path), kwargs=kwargs, dynamo=exporter == "dynamo")
+    elif exporter == "optimum":
+        from optimum.exporters.onnx import main_export
+
+        saved = folder / "saved"
+        model.save_pretrained(saved)
+        task = configs()[name][2]
+        main_export(str(saved), str(folder), task=task, monolith=True, do_validation=False)
+    elif exporter == "roam":
+        from roam_cli.core.fileio import write_atomic
+        from roam_cli.frontend import torch_export
+
+        wrapper = Wrapped(model, list(kwargs))
+        exported = torch_export.export(wrapper, args + tuple(kwargs.values()), ["x", *kwargs], ["out"], prefix="m.")
+        write_atomic(path, exported.model.SerializeToString())
+    else:
+        raise ValueError(exporter)
+    return path
+
+
+class Wrapped(torch.nn.Module):
+    """model(x, **named) -> its first output (the loss when labels are given, else the logits)."""
+
+    def __init__(self, m, names):
+        super().__init__()
+        self.m, self.names = m, names
+
+    def forward(self, x, *rest):
+        return self.m(x, **dict(zip(self.names, rest)))[0]
