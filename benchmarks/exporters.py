@@ -22,6 +22,7 @@ Needs torch, transformers (<4.58 for optimum-onnx), onnxscript and optimum-onnx.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
@@ -78,6 +79,11 @@ EXPORTERS = ("dynamo", "torchscript", "optimum", "roam")
 
 def export(exporter: str, name: str, folder: Path) -> Path:
     """Export model `name` into `folder`; returns the ONNX file to make a training graph of."""
+    with contextlib.redirect_stdout(sys.stderr):  # the exporters print their progress
+        return export_quietly(exporter, name, folder)
+
+
+def export_quietly(exporter: str, name: str, folder: Path) -> Path:
     model, args, kwargs, _ = build(name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
@@ -111,3 +117,81 @@ class Wrapped(torch.nn.Module):
 
     def forward(self, x, *rest):
         return self.m(x, **dict(zip(self.names, rest)))[0]
+
+
+def pytorch_parameters(model) -> list[set[str]]:
+    """Each trainable parameter tensor as the set of its names (tied weights have several)."""
+    names: dict[int, set[str]] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if p.requires_grad:
+            names.setdefault(id(p), set()).add(name.removeprefix("m."))
+    return list(names.values())
+
+
+def command(exporter: str, name: str) -> list[str]:
+    loss = "cross-entropy" if exporter == "optimum" else build_loss(name)
+    return ["roam", "make-training-graph", "model.onnx", "-o", "train.onnx", "--loss", loss, "--json"]
+
+
+def build_loss(name: str) -> str:
+    return "none" if configs()[name][3] else "cross-entropy"
+
+
+def cell(exporter: str, name: str, out: Path) -> dict:
+    """Export, make the training graph, count the PyTorch parameters trainable under their names."""
+    folder = out / f"{name}-{exporter}"
+    want = pytorch_parameters(build(name)[0])
+    try:
+        path = export(exporter, name, folder)
+    except Exception as e:  # the exporter's own failure: reported in the cell
+        return dict(model=name, exporter=exporter, params=len(want), error=f"export fails: {type(e).__name__}: "
+                    f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''}")
+    argv = command(exporter, name)
+    proc = subprocess.run([sys.executable, "-m", "roam_cli", *argv[1:]], cwd=folder, capture_output=True, text=True,
+                          env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
+    if proc.returncode != 0:
+        return dict(model=name, exporter=exporter, params=len(want), error=proc.stderr.strip().splitlines()[-1])
+    made = json.loads(proc.stdout)
+    trainable = set(made["trainable"])
+    kept = sum(1 for aliases in want if aliases & trainable)
+    return dict(model=name, exporter=exporter, params=len(want), kept=kept, warnings=made["warnings"],
+                folded=len(made["folded"]), merged=sum(map(len, made["merged"].values())),
+                missing=len(made["missing"]), constants=len(made["constants"]))
+
+
+def summary(r: dict) -> str:
+    if "error" in r:
+        return r["error"]
+    lost = [f"{r[k]} {k}" for k in ("folded", "merged", "missing") if r[k]]
+    return f"{r['kept']}/{r['params']}" + (f" (warns: {', '.join(lost)})" if lost else "")
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
+    p.add_argument("--only", help="comma-separated models (default: gpt2,bert,vit,t5,resnet50,llama)")
+    p.add_argument("--exporters", default=",".join(EXPORTERS), help="comma-separated, of " + ", ".join(EXPORTERS))
+    p.add_argument("--out", type=Path, help="keep the exports here (default: a temporary folder)")
+    a = p.parse_args(argv)
+    warnings.filterwarnings("ignore")  # the exporters warn about every traced Hugging Face construct
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    models = a.only.split(",") if a.only else list(configs())
+    exporters = a.exporters.split(",")
+    with tempfile.TemporaryDirectory() as scratch:
+        out = a.out or Path(scratch)
+        rows = {m: {e: cell(e, m, out) for e in exporters} for m in models}
+    print("| model | PyTorch parameters | " + " | ".join(exporters) + " |")
+    print("|---|---:|" + "---|" * len(exporters))
+    for m, cells in rows.items():
+        print(f"| {m} | {next(iter(cells.values()))['params']} | " + " | ".join(summary(c) for c in cells.values())
+              + " |")
+    print("\nWarnings, as make-training-graph printed them:\n")
+    for m, cells in rows.items():
+        for e, c in cells.items():
+            for w in c.get("warnings", []):
+                print(f"- {m}, {e}: {w}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -111,6 +111,8 @@ def find(model: onnx.ModelProto) -> Found:
     inits = {t.name: t for t in g.initializer}
     record = signature(model)
     params = {x: name for x, (kind, name) in record.items() if kind == "PARAMETER"}
+    if not set(params.values()) & (set(inits) | {i.name for i in g.input}):
+        record, params = {}, {}  # the names were changed after export (roam's route strips a prefix)
     kinds = {t.name: next((p.value for p in t.metadata_props if p.key == KIND_KEY), "") for t in g.initializer}
     parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and kinds[x] in ("", "PARAMETER")
                   and (kinds[x] == "PARAMETER" or looks_like_parameter(x))]

@@ -24,6 +24,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from roam_cli.frontend.parameters import SIGNATURE_KEY
+
 OPSET = 18
 PAGE = 4096  # external-data offsets are page aligned so a data file could be memory-mapped
 
@@ -151,7 +153,12 @@ def external_tensor(name: str, dims: list[int], dtype: int, location: str, offse
 
 
 def strip_metadata(mp: onnx.ModelProto) -> None:
-    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths)."""
+    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths),
+    and the exporter's record of the module's inputs, whose names this export changed."""
+    keep = [(p.key, p.value) for p in mp.graph.metadata_props if p.key != SIGNATURE_KEY]
+    del mp.graph.metadata_props[:]
+    for k, v in keep:
+        mp.graph.metadata_props.add(key=k, value=v)
     for n in mp.graph.node:
         keep = [(p.key, p.value) for p in n.metadata_props if p.key == "namespace"]
         del n.metadata_props[:]

@@ -1,0 +1,190 @@
+"""Parameters through exporters: kept, folded, merged or dropped, and the constants beside them.
+
+Without torch: `parameters.find` and the survey on hand-built graphs that mimic each exporter (a
+folded transposed weight, embedded or in external data; int64 constants; parameters merged by
+the dynamo exporter's optimizer or by the TorchScript exporter's Identity nodes).
+With torch, transformers, onnxscript and optimum-onnx (skipped otherwise): tiny GPT-2, BERT, ViT,
+T5, ResNet-50 and LLaMA exported each way (benchmarks/exporters.py), every PyTorch parameter
+either trainable under its name or named in a warning."""
+
+import importlib.util
+import sys
+
+import numpy as np
+import onnx
+import pytest
+from conftest import ROOT, roam
+from onnx import TensorProto
+from onnx_builder import model, node, save
+
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend import parameters, training_graph
+
+I64 = TensorProto.INT64
+
+
+def folded_linear(producer="pytorch"):
+    """TorchScript's Linear: x[2,3] @ onnx::MatMul_5[3,4] (the weight, transposed at export) + enc.fc.bias,
+    Reshape by an int64 constant."""
+    m = model([node("MatMul", ["x", "onnx::MatMul_5"], ["h"], name="/enc/fc/MatMul"),
+               node("Add", ["h", "enc.fc.bias"], ["h1"], name="/enc/fc/Add"),
+               node("Reshape", ["h1", "onnx::Reshape_6"], ["y"], name="/Reshape")],
+              [("x", [2, 3])], [("y", [8])],
+              {"onnx::MatMul_5": np.arange(12, dtype=np.float32).reshape(3, 4), "enc.fc.bias": np.zeros(4, np.float32),
+               "onnx::Reshape_6": np.array([8])})
+    m.producer_name = producer
+    return m
+
+
+def to_external(m, name, location="model.onnx.data"):
+    """Point initializer `name` at external data, as torch.onnx.export writes big tensors (bytes not kept)."""
+    t = next(t for t in m.graph.initializer if t.name == name)
+    size = len(t.raw_data) or np.prod(t.dims) * 4
+    t.ClearField("raw_data")
+    t.data_location = TensorProto.EXTERNAL
+    for k, v in (("location", location), ("offset", "0"), ("length", str(size))):
+        t.external_data.add(key=k, value=v)
+    return m
+
+
+@pytest.mark.parametrize("external", [False, True])
+def test_a_folded_transposed_weight_is_found_from_its_place_and_named_by_its_module(external):
+    m = folded_linear()
+    if external:  # no value is read: the place it fills tells
+        to_external(m, "onnx::MatMul_5")
+    found = parameters.find(m)
+    assert found.parameters == ["enc.fc.bias"]
+    assert found.constants == ["onnx::MatMul_5", "onnx::Reshape_6"]
+    assert found.folded == {"onnx::MatMul_5": "enc.fc.weight"}
+    assert found.exporter == "torchscript" and not found.merged and not found.missing
+    (warning,) = found.warnings()
+    assert warning.startswith("1 parameters were folded by the exporter into constants")
+    assert "onnx::MatMul_5 (enc.fc.weight)" in warning and "--trainable onnx::MatMul_5 " in warning
+    assert "do_constant_folding=False" in warning and "--no-constant-folding" in warning
+    s = training_graph.survey(m)
+    assert s.trainable == ["enc.fc.bias"]
+    assert s.frozen == (["onnx::MatMul_5"] if external else [])  # a weight never points into weight data
+    assert s.constants == (["onnx::Reshape_6"] if external else ["onnx::MatMul_5", "onnx::Reshape_6"])
+
+
+def test_trainable_patterns_make_folded_constants_trainable_and_must_match():
+    s = training_graph.survey(folded_linear(), trainable=["onnx::MatMul_*"])
+    assert s.trainable == ["enc.fc.bias", "onnx::MatMul_5"] and s.elements == 4 + 12
+    assert s.found.folded == {} and s.warnings() == []
+    with pytest.raises(RoamError, match="--trainable 'onnx::Reshape_\\*' matches no floating-point initializer"):
+        training_graph.survey(folded_linear(), trainable=["onnx::Reshape_*"])  # int64: never trainable
+
+
+def dynamo_graph():
+    """What torch.onnx.export(dynamo=True) writes for two LayerNorms with fresh (equal) weights and a
+    position-id buffer: the optimizer merged b.ln.weight into a.ln.weight and dropped c.bias."""
+    m = model([node("Gather", ["pos", "ids"], ["p"], name="node_gather"),
+               node("LayerNormalization", ["x", "a.ln.weight"], ["h"], name="node_layer_norm"),
+               node("LayerNormalization", ["h", "a.ln.weight"], ["y0"], name="node_layer_norm_1"),
+               node("Add", ["y0", "p"], ["y"], name="node_add")],
+              [("x", [2, 4])], [("y", [2, 4])],
+              {"a.ln.weight": np.ones(4, np.float32), "pos": np.eye(4, dtype=np.float32),
+               "ids": np.array([0, 1]), "rotary.inv_freq": np.ones(2, np.float32)})
+    record = ("\n# inputs\np_a_ln_weight: PARAMETER target='a.ln.weight'\np_b_ln_weight: PARAMETER "
+              "target='b.ln.weight'\np_c_bias: PARAMETER target='c.bias'\nb_rotary_inv_freq: BUFFER "
+              "target='rotary.inv_freq' persistent=False\nx: USER_INPUT\n")
+    m.graph.metadata_props.add(key=parameters.SIGNATURE_KEY, value=record)
+    calls = {"node_layer_norm": "(%x, [4], %p_a_ln_weight, None, 1e-05)",
+             "node_layer_norm_1": "(%layer_norm, [4], %p_b_ln_weight, None, 1e-05)"}
+    for n in m.graph.node:
+        if n.name in calls:
+            n.metadata_props.add(key=parameters.FX_NODE_KEY, value=f"%x = call_function[target=layer_norm](args = "
+                                                                    f"{calls[n.name]}, kwargs = {{}})")
+    kinds = {"a.ln.weight": "PARAMETER", "rotary.inv_freq": "BUFFER"}
+    for t in m.graph.initializer:
+        if t.name in kinds:
+            t.metadata_props.add(key=parameters.KIND_KEY, value=kinds[t.name])
+    return m
+
+
+def test_dynamo_records_tell_merged_and_missing_parameters_and_buffers():
+    found = parameters.find(dynamo_graph())
+    assert found.exporter == "dynamo"
+    assert found.parameters == ["a.ln.weight"]
+    assert found.constants == ["pos", "ids", "rotary.inv_freq"]  # a buffer named like a parameter stays constant
+    assert found.merged == {"a.ln.weight": ["b.ln.weight"]}
+    assert found.folded == {}  # the Gather's float table is no parameter's: no FX call read one
+    assert found.missing == ["c.bias"]
+    merged, missing = found.warnings()
+    assert "1 parameters were merged" in merged and "b.ln.weight -> a.ln.weight" in merged
+    assert "perturb the weights before exporting" in merged and "torch_export" in merged
+    assert "c.bias" in missing and "optimize=False" in missing
+    s = training_graph.survey(dynamo_graph())
+    assert s.trainable == ["a.ln.weight"] and s.shared == {}  # the merge is told once, by name
+    assert s.names()["merged"] == {"a.ln.weight": ["b.ln.weight"]} and s.names()["missing"] == ["c.bias"]
+
+
+def test_torchscript_identity_nodes_are_merged_parameters():
+    m = model([node("Identity", ["a.ln.weight"], ["b.ln.weight"], name="Identity_7"),
+               node("LayerNormalization", ["x", "a.ln.weight"], ["h"], name="/a/ln/LayerNormalization"),
+               node("LayerNormalization", ["h", "b.ln.weight"], ["y"], name="/b/ln/LayerNormalization")],
+              [("x", [2, 4])], [("y", [2, 4])], {"a.ln.weight": np.ones(4, np.float32)})
+    m.producer_name = "pytorch"
+    found = parameters.find(m)
+    assert found.parameters == ["a.ln.weight"] and found.merged == {"a.ln.weight": ["b.ln.weight"]}
+    assert found.folded == {} and found.missing == []
+    assert "1 parameters were merged by the exporter" in found.warnings()[0]
+
+
+def test_exporter_constants_in_external_data_are_read_into_the_graph_or_reported_absent(tmp_path):
+    m = model([node("Reshape", ["x", "shape"], ["y"])], [("x", [2, 3])], [("y", [6])], {"shape": np.array([6])})
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="m.onnx.data", size_threshold=0)
+    loaded = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert loaded.graph.initializer[0].data_location == TensorProto.EXTERNAL
+    assert training_graph.embed_constants(loaded, ["shape"], tmp_path) == []
+    t = loaded.graph.initializer[0]
+    assert t.data_location == TensorProto.DEFAULT and onnx.numpy_helper.to_array(t).tolist() == [6]
+    again = onnx.load(str(tmp_path / "m.onnx"), load_external_data=False)
+    assert training_graph.embed_constants(again, ["shape"], tmp_path / "elsewhere") == ["shape"]
+
+
+def test_cli_trainable_pattern_matching_nothing_is_one_line_and_writes_nothing(tmp_path):
+    path = save(folded_linear(), tmp_path / "m.onnx")
+    r = roam("make-training-graph", path, "-o", tmp_path / "t.onnx", "--loss", "mse", "--trainable", "nothing_*")
+    assert r.code == 2 and "--trainable 'nothing_*' matches no floating-point initializer" in r.err
+    assert len(r.err.strip().splitlines()) == 1 and sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+
+
+# ---- real exporters on tiny models (needs torch, transformers, onnxscript, optimum-onnx) --------
+
+def bench():
+    for name in ("torch", "transformers", "onnxscript"):
+        pytest.importorskip(name, reason=f"{name} is not installed (see benchmarks/exporters.py)")
+    spec = importlib.util.spec_from_file_location("exporters_bench", ROOT / "benchmarks" / "exporters.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["exporters_bench"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+MODELS = ("gpt2", "bert", "vit", "t5", "resnet50", "llama")
+
+
+@pytest.mark.parametrize("exporter", ["dynamo", "torchscript", "optimum", "roam"])
+@pytest.mark.parametrize("name", MODELS)
+def test_every_pytorch_parameter_is_trainable_or_named_in_a_warning(tmp_path, name, exporter):
+    b = bench()
+    if exporter == "optimum":
+        pytest.importorskip("optimum.exporters.onnx", reason="optimum-onnx is not installed (needs transformers<4.58)")
+    try:
+        path = b.export(exporter, name, tmp_path)
+    except Exception as e:  # noqa: BLE001 - the exporter's own failure is not what this test checks
+        pytest.skip(f"{exporter} cannot export {name}: {type(e).__name__}")
+    want = b.pytorch_parameters(b.build(name)[0])
+    s = training_graph.survey(onnx.load(str(path), load_external_data=False))
+    trainable = set(s.trainable)
+    f = s.found
+    named = set(f.folded.values()) | {o for others in f.merged.values() for o in others} | set(f.missing)
+    unexplained = [sorted(a)[0] for a in want if not a & trainable and not a & named]
+    assert unexplained == [], f"not trainable and named in no warning: {unexplained}"
+    if exporter == "roam":  # roam's route keeps every parameter under its name
+        assert all(a & trainable for a in want) and s.warnings() == [] and len(s.trainable) == len(want)
+    assert not trainable & set(s.constants)
+    ints = [t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer
+            if t.data_type not in parameters.FLOAT_TYPES]
+    assert set(ints) <= set(s.constants)  # position ids, shapes, masks: constants, never trained or fed
