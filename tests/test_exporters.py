@@ -79,23 +79,29 @@ def dynamo_graph():
     """What torch.onnx.export(dynamo=True) writes for two LayerNorms with fresh (equal) weights and a
     position-id buffer: the optimizer merged b.ln.weight into a.ln.weight and dropped c.bias."""
     m = model([node("Gather", ["pos", "ids"], ["p"], name="node_gather"),
+               node("Gather", ["head.weight", "ids"], ["e"], name="node_embedding"),
                node("LayerNormalization", ["x", "a.ln.weight"], ["h"], name="node_layer_norm"),
                node("LayerNormalization", ["h", "a.ln.weight"], ["y0"], name="node_layer_norm_1"),
-               node("Add", ["y0", "p"], ["y"], name="node_add")],
+               node("Add", ["y0", "p"], ["y1"], name="node_add"), node("Add", ["y1", "e"], ["y"], name="node_add_1")],
               [("x", [2, 4])], [("y", [2, 4])],
-              {"a.ln.weight": np.ones(4, np.float32), "pos": np.eye(4, dtype=np.float32),
-               "ids": np.array([0, 1]), "rotary.inv_freq": np.ones(2, np.float32)})
-    record = ("\n# inputs\np_a_ln_weight: PARAMETER target='a.ln.weight'\np_b_ln_weight: PARAMETER "
-              "target='b.ln.weight'\np_c_bias: PARAMETER target='c.bias'\nb_rotary_inv_freq: BUFFER "
+              {"a.ln.weight": np.ones(4, np.float32), "head.weight": np.eye(4, dtype=np.float32),
+               "pos": np.eye(4, dtype=np.float32), "ids": np.array([0, 1]), "rotary.inv_freq": np.ones(2, np.float32)})
+    record = ("\n# inputs\np_emb_weight: PARAMETER target='emb.weight'\np_a_ln_weight: PARAMETER target='a.ln.weight'"
+              "\np_b_ln_weight: PARAMETER target='b.ln.weight'\np_c_bias: PARAMETER target='c.bias'\n"
+              "p_head_weight: PARAMETER target='head.weight'\nb_rotary_inv_freq: BUFFER "
               "target='rotary.inv_freq' persistent=False\nx: USER_INPUT\n")
     m.graph.metadata_props.add(key=parameters.SIGNATURE_KEY, value=record)
     calls = {"node_layer_norm": "(%x, [4], %p_a_ln_weight, None, 1e-05)",
-             "node_layer_norm_1": "(%layer_norm, [4], %p_b_ln_weight, None, 1e-05)"}
+             "node_layer_norm_1": "(%layer_norm, [4], %p_b_ln_weight, None, 1e-05)",
+             "node_embedding": "(%p_head_weight, %ids)"}  # emb's Embedding reads the weight tied to head's
     for n in m.graph.node:
         if n.name in calls:
             n.metadata_props.add(key=parameters.FX_NODE_KEY, value=f"%x = call_function[target=layer_norm](args = "
                                                                     f"{calls[n.name]}, kwargs = {{}})")
-    kinds = {"a.ln.weight": "PARAMETER", "rotary.inv_freq": "BUFFER"}
+        if n.name == "node_embedding":
+            n.metadata_props.add(key=parameters.NAMESPACE_KEY,
+                                 value=": M/emb: torch.nn.modules.sparse.Embedding/embedding: aten.embedding.default")
+    kinds = {"a.ln.weight": "PARAMETER", "head.weight": "PARAMETER", "rotary.inv_freq": "BUFFER"}
     for t in m.graph.initializer:
         if t.name in kinds:
             t.metadata_props.add(key=parameters.KIND_KEY, value=kinds[t.name])
@@ -105,17 +111,18 @@ def dynamo_graph():
 def test_dynamo_records_tell_merged_and_missing_parameters_and_buffers():
     found = parameters.find(dynamo_graph())
     assert found.exporter == "dynamo"
-    assert found.parameters == ["a.ln.weight"]
+    assert found.parameters == ["a.ln.weight", "head.weight"]
     assert found.constants == ["pos", "ids", "rotary.inv_freq"]  # a buffer named like a parameter stays constant
     assert found.merged == {"a.ln.weight": ["b.ln.weight"]}
     assert found.folded == {}  # the Gather's float table is no parameter's: no FX call read one
+    assert found.tied == {"emb.weight": "head.weight"}
     assert found.missing == ["c.bias"]
     merged, missing = found.warnings()
     assert "1 parameters were merged" in merged and "b.ln.weight -> a.ln.weight" in merged
     assert "perturb the weights before exporting" in merged and "torch_export" in merged
     assert "c.bias" in missing and "optimize=False" in missing
     s = training_graph.survey(dynamo_graph())
-    assert s.trainable == ["a.ln.weight"] and s.shared == {}  # the merge is told once, by name
+    assert s.trainable == ["a.ln.weight", "head.weight"] and s.shared == {}  # the merge is told once, by name
     assert s.names()["merged"] == {"a.ln.weight": ["b.ln.weight"]} and s.names()["missing"] == ["c.bias"]
 
 
@@ -188,3 +195,21 @@ def test_every_pytorch_parameter_is_trainable_or_named_in_a_warning(tmp_path, na
     ints = [t.name for t in onnx.load(str(path), load_external_data=False).graph.initializer
             if t.data_type not in parameters.FLOAT_TYPES]
     assert set(ints) <= set(s.constants)  # position ids, shapes, masks: constants, never trained or fed
+
+
+def test_dynamo_constants_in_external_data_become_constants_of_the_step_with_their_values(tmp_path):
+    b = bench()
+    path = b.export("dynamo", "gpt2", tmp_path)
+    exported = onnx.load(str(path), load_external_data=False)
+    external = [t.name for t in exported.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    made = training_graph.make(path, tmp_path / "step.onnx", loss="none", in_graph=True)
+    constants = set(made.survey.constants)
+    assert made.survey.unfed == [] and constants & set(external)  # the causal mask, the position lookup
+    step = onnx.load(str(tmp_path / "step.onnx"), load_external_data=False)
+    inits = {t.name: t for t in step.graph.initializer}
+    assert not constants & {i.name for i in step.graph.input}  # roam train feeds inputs only
+    assert all(inits[x].data_location == TensorProto.DEFAULT for x in constants & set(external))
+    values = {t.name: onnx.numpy_helper.to_array(t, base_dir=str(tmp_path)) for t in exported.graph.initializer
+              if t.name in constants & set(external)}
+    for name, value in values.items():
+        assert np.array_equal(onnx.numpy_helper.to_array(inits[name]), value)

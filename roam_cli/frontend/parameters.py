@@ -18,7 +18,7 @@ else only the slot a constant fills tells (a MatMul's or a Conv's weight). No we
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import onnx
 from onnx import TensorProto
@@ -26,6 +26,7 @@ from onnx import TensorProto
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+NAMESPACE_KEY = "namespace"  # `: Model/transformer: GPT2Model/transformer.wte: Embedding/embedding: aten.embedding`
 KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
 # (op, operand) where a parameter goes: a constant there is a weight the exporter folded.
 WEIGHT_SLOTS = {("MatMul", 1), ("Gemm", 1), ("Gemm", 2), ("Conv", 1), ("Conv", 2), ("ConvTranspose", 1),
@@ -49,6 +50,7 @@ class Found:
     merged: dict[str, list[str]]  # parameter -> the other parameters the exporter merged into it
     missing: list[str]  # parameters the exporter's record lists that the graph holds nowhere
     exporter: str  # "dynamo", "torchscript" or "" (unknown)
+    tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
 
     def warnings(self) -> list[str]:
         """One line per kind of loss, each naming the parameters and the fix."""
@@ -91,13 +93,24 @@ def scope_of(node: onnx.NodeProto) -> str:
     return ".".join(parts[1:-1]) if node.name.startswith("/") and len(parts) > 2 else ""
 
 
+def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
+    """The parameters the node's FX call read (dynamo: `args = (%x, %p_fc_weight)`)."""
+    fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
+    return list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx) if x in params))
+
+
+def module_of(node: onnx.NodeProto) -> str:
+    """The module a dynamo-exported node ran in (`transformer.wte`), from its namespace, or ""."""
+    scopes = next((p.value for p in node.metadata_props if p.key == NAMESPACE_KEY), "").split("/")
+    return scopes[-2].split(":")[0] if len(scopes) > 2 else ""
+
+
 def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str]) -> str:
     """The PyTorch parameter that belongs in `node`'s operand `slot`, or "". `params`: the dynamo
     placeholders -> names; without them, the node's module scope and the slot's usual name."""
     suffix = "bias" if slot >= 2 or node.op_type == "Add" else "weight"
     if params:
-        fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
-        read = list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx) if x in params))
+        read = fx_parameters(node, params)
         if len(read) == 1:
             return read[0]
         fitting = [p for p in read if p.rsplit(".", 1)[-1] == suffix]
@@ -133,7 +146,23 @@ def find(model: onnx.ModelProto) -> Found:
                     merged.setdefault(x, []).append(meant)  # dynamo: the node read another parameter
             elif inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 1 and (meant or not params):
                 folded.setdefault(x, meant)
-    accounted = set(parameters) | set(folded.values()) | {o for others in merged.values() for o in others}
+    tied = ties(g, params)
+    accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
     exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
-    return Found(parameters, constants, folded, merged, missing, exporter)
+    return Found(parameters, constants, folded, merged, missing, exporter, tied)
+
+
+def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:
+    """Tied parameters, from the dynamo record: torch.export gives a tied weight one placeholder, so
+    a module that reads another module's parameter (GPT-2's `transformer.wte` reading
+    `lm_head.weight`) holds that parameter under its own name too."""
+    listed = set(params.values())
+    out = {}
+    for n in g.node:
+        module = module_of(n)
+        for p in fx_parameters(n, params) if module else []:
+            own = f"{module}.{p.rsplit('.', 1)[-1]}"
+            if own != p and own in listed and not p.startswith(module + "."):
+                out[own] = p
+    return out

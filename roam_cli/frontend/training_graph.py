@@ -1,16 +1,17 @@
 """Inference ONNX export -> training graph: forward, loss and backward, plus its optimizer graph.
 
-Works on the graph's structure alone; no weight byte is ever read:
+Works on the graph's structure alone; no weight byte is ever read (the exporter's constants in
+external data are: they are small, and the training graph computes with their values):
 1. `repair`: add what exporters leave out and ONNX Runtime's gradient builders need — the
    optional outputs of LayerNormalization (mean, inverse std-dev), Dropout (mask) and
    SoftmaxCrossEntropyLoss (log-probabilities), and BatchNormalization's training mode (exports
    of a model in train mode still carry the inference form, which normalises with the running
    statistics).
-2. `survey`: which initializers are trainable parameters, which are frozen state, and which look
-   like parameters the exporter folded into constants or merged.
+2. `survey`: which initializers are trainable parameters, which are frozen state, which are
+   constants, and which parameters the exporter folded, merged or left out (`parameters.find`).
 3. `build`: the ONNX Runtime training artifacts (`onnxruntime.training.onnxblock`, the library
    behind `artifacts.generate_artifacts`): training graph with gradient accumulation buffers, eval
-   graph, optimizer graph. Parameters and every external-data initializer become graph inputs
+   graph, optimizer graph. Parameters and every external-data weight become graph inputs
    before ONNX Runtime sees the graph; the onnx checker only tests that external-data files
    exist, so sparse stand-ins in a scratch folder take their place.
 
@@ -102,11 +103,12 @@ class Survey:
         return out
 
     def names(self) -> dict:
-        """For --json: the trainable, frozen, constant, folded, merged and missing names."""
+        """For --json: the trainable, frozen, constant, folded, merged, missing and tied names."""
         f = self.found
         return {"trainable": self.trainable, "frozen": self.frozen, "constants": self.constants,
                 "folded": dict(f.folded) if f else {}, "merged": dict(f.merged) if f else {},
-                "missing": list(f.missing) if f else [], "unfed": self.unfed, "exporter": f.exporter if f else ""}
+                "missing": list(f.missing) if f else [], "tied": dict(f.tied) if f else {}, "unfed": self.unfed,
+                "exporter": f.exporter if f else ""}
 
 
 def matching(patterns: list[str], names: list[str]) -> list[str]:
