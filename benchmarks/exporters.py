@@ -2,15 +2,18 @@
 """Exporter x model: how many of PyTorch's parameters `roam make-training-graph` recovers.
 
     PYTHONPATH=. python benchmarks/exporters.py                 # the table in docs/training-graphs.md
+    PYTHONPATH=. python benchmarks/exporters.py --perturb         # weights as after training
     PYTHONPATH=. python benchmarks/exporters.py --only gpt2,bert --exporters dynamo --out DIR
 
 Each model is a tiny configuration of its architecture (2 layers, hidden 32, small vocabulary and
-images), built from its Hugging Face configuration with fresh weights: no download. Each is
-exported four ways, with the exporter's default options:
+images; ResNet-50's 16 bottleneck blocks at 1/16 of the width), built from its Hugging Face
+configuration with fresh weights (`--perturb`: moved a little, as after training): no download.
+Each is exported four ways, with the exporter's default options:
 
 - dynamo:      torch.onnx.export(model, args, "model.onnx", kwargs=..., dynamo=True)   (external data)
 - torchscript: torch.onnx.export(model, args, "model.onnx", kwargs=..., dynamo=False)
-- optimum:     model.save_pretrained(DIR); optimum.exporters.onnx.main_export(DIR, OUT, task=TASK)
+- optimum:     model.save_pretrained(DIR); optimum.exporters.onnx.main_export(DIR, OUT, task=TASK,
+               monolith=True)   (one file, as a training graph needs; validation skipped for time)
 - roam:        roam_cli.frontend.torch_export.export(model, args, ...)
 
 then `roam make-training-graph model.onnx -o train.onnx --loss LOSS --json` runs on each, and a
@@ -63,11 +66,18 @@ def configs():
     }
 
 
+PERTURB = False  # --perturb: every parameter moved a little, as training leaves it (no two equal)
+
+
 def build(name: str):
     """(model in train mode, positional args, keyword args, --loss)."""
     config, cls, _, language = configs()[name]
     torch.manual_seed(SEED)
     model = cls(config).train()
+    if PERTURB:
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(torch.randn_like(p) * 1e-3)
     if language:
         ids = torch.randint(0, config.vocab_size, (BATCH, SEQ))
         return model, (ids,), {"labels": ids}, "none"  # the model's own loss is its first output
@@ -171,7 +181,10 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated models (default: gpt2,bert,vit,t5,resnet50,llama)")
     p.add_argument("--exporters", default=",".join(EXPORTERS), help="comma-separated, of " + ", ".join(EXPORTERS))
     p.add_argument("--out", type=Path, help="keep the exports here (default: a temporary folder)")
+    p.add_argument("--perturb", action="store_true", help="perturb every parameter before export (as after training)")
     a = p.parse_args(argv)
+    global PERTURB
+    PERTURB = a.perturb
     warnings.filterwarnings("ignore")  # the exporters warn about every traced Hugging Face construct
     logging.disable(logging.WARNING)
     torch.set_num_threads(1)

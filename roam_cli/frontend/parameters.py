@@ -28,10 +28,18 @@ SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 NAMESPACE_KEY = "namespace"  # `: Model/transformer: GPT2Model/transformer.wte: Embedding/embedding: aten.embedding`
 KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
-# (op, operand) where a parameter goes: a constant there is a weight the exporter folded.
-WEIGHT_SLOTS = {("MatMul", 1), ("Gemm", 1), ("Gemm", 2), ("Conv", 1), ("Conv", 2), ("ConvTranspose", 1),
-                ("ConvTranspose", 2), ("Gather", 0), ("LayerNormalization", 1), ("LayerNormalization", 2),
-                ("BatchNormalization", 1), ("BatchNormalization", 2)}
+# (op, operand) where a parameter goes -> the ranks it has there: a floating-point constant in
+# such a place is a weight the exporter folded.
+WEIGHT_SLOTS = {("MatMul", 1): {2}, ("Gemm", 1): {2}, ("Gemm", 2): {1}, ("Conv", 1): {3, 4, 5}, ("Conv", 2): {1},
+                ("ConvTranspose", 1): {3, 4, 5}, ("ConvTranspose", 2): {1}, ("Gather", 0): {2},
+                ("LayerNormalization", 1): {1}, ("LayerNormalization", 2): {1},
+                ("BatchNormalization", 1): {1}, ("BatchNormalization", 2): {1}}
+# An ONNX op -> the ATen calls it can come from. The optimizer fuses nodes and a fused node keeps
+# the record of one of them (a Conv carrying its BatchNorm's call): only an agreeing record names
+# the node's parameters.
+ATEN_CALLS = {"Conv": ("conv",), "ConvTranspose": ("conv",), "LayerNormalization": ("layer_norm",),
+              "BatchNormalization": ("batch_norm",), "Gather": ("embedding", "index", "gather"),
+              "Gemm": ("addmm", "linear", "mm"), "MatMul": ("matmul", "linear", "mm")}
 # What to change in each exporter's call so that nothing is folded or merged.
 FIXES = {"dynamo": "torch.onnx.export(..., optimize=False)",
          "torchscript": "torch.onnx.export(..., dynamo=False, do_constant_folding=False), or optimum-cli export "
@@ -51,6 +59,7 @@ class Found:
     missing: list[str]  # parameters the exporter's record lists that the graph holds nowhere
     exporter: str  # "dynamo", "torchscript" or "" (unknown)
     tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
+    fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
 
     def warnings(self) -> list[str]:
         """One line per kind of loss, each naming the parameters and the fix."""
@@ -58,8 +67,10 @@ class Found:
         out = []
         if self.folded:
             shown = ", ".join(f"{c} ({p})" if p else c for c, p in list(self.folded.items())[:4])
+            norms = (f" ({len(self.fused)} are convolution biases made by folding a BatchNormalization into its "
+                     "convolution: its weight and bias are gone)") if self.fused else ""
             out.append(f"{len(self.folded)} parameters were folded by the exporter into constants and will not be "
-                       f"trained: {shown}{', ...' if len(self.folded) > 4 else ''}; train them as they are with "
+                       f"trained{norms}: {shown}{', ...' if len(self.folded) > 4 else ''}; train them as they are with "
                        f"--trainable {','.join(self.folded)} or re-export with {fix}")
         if self.merged:
             pairs = [f"{o} -> {p}" for p, others in self.merged.items() for o in others]
@@ -89,13 +100,17 @@ def signature(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
 def scope_of(node: onnx.NodeProto) -> str:
     """The module path a TorchScript-exported node came from (`/bert/encoder/layer.0/x/MatMul` ->
     `bert.encoder.layer.0.x`), or ""."""
-    parts = node.name.split("/")
-    return ".".join(parts[1:-1]) if node.name.startswith("/") and len(parts) > 2 else ""
+    parts = node.name.split("/")[1:-1] if node.name.startswith("/") else []
+    # a called nn.Sequential `layer` has a scope of its own, and its children `layer.0`, `layer.1`
+    return ".".join(x for x, after in zip(parts, parts[1:] + [""]) if not after.startswith(x + "."))
 
 
 def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
     """The parameters the node's FX call read (dynamo: `args = (%x, %p_fc_weight)`)."""
     fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
+    call = re.search(r"target=([\w.]+)", fx)
+    if node.op_type in ATEN_CALLS and call and not any(a in call[1] for a in ATEN_CALLS[node.op_type]):
+        return []
     return list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx) if x in params))
 
 
@@ -132,25 +147,29 @@ def find(model: onnx.ModelProto) -> Found:
     is_parameter = set(parameters)
     constants = [x for x in inits if x not in is_parameter]
     folded: dict[str, str] = {}
+    fused_norms: list[str] = []
     merged: dict[str, list[str]] = {}
     for n in g.node:
         if n.op_type == "Identity" and n.input and n.input[0] in is_parameter and looks_like_parameter(n.output[0]):
             merged.setdefault(n.input[0], []).append(n.output[0])  # TorchScript's deduplicated initializer
             continue
         for slot, x in enumerate(n.input):
-            if x not in inits or (n.op_type, slot) not in WEIGHT_SLOTS and not (params and x in is_parameter):
+            weight_slot = len(inits[x].dims) in WEIGHT_SLOTS.get((n.op_type, slot), ()) if x in inits else False
+            if x not in inits or not weight_slot and not (params and x in is_parameter):
                 continue
             meant = parameter_in(n, slot, params)
             if x in is_parameter:
                 if params and meant and meant != x and meant not in merged.get(x, []):
                     merged.setdefault(x, []).append(meant)  # dynamo: the node read another parameter
-            elif inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 1 and (meant or not params):
-                folded.setdefault(x, meant)
+            elif inits[x].data_type in FLOAT_TYPES and weight_slot and (meant or not params):
+                fused = n.op_type == "Conv" and slot == 2 and not params
+                folded.setdefault(x, "" if fused else meant)
+                fused_norms += [x] if fused else []
     tied = ties(g, params)
     accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
     exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
-    return Found(parameters, constants, folded, merged, missing, exporter, tied)
+    return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms)
 
 
 def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:

@@ -164,6 +164,7 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
     constants = [x for x in inits if x not in chosen and x not in frozen_all]
     elements = sum(int(np.prod(inits[x].dims if x in inits else shape_of(g, x), dtype=np.int64)) for x in chosen)
     found.folded = {x: p for x, p in found.folded.items() if x not in chosen}
+    found.fused = [x for x in found.fused if x not in chosen]
     explained = set(found.merged) | {o for others in found.merged.values() for o in others}
     shared = {} if found.exporter else {x: max(roles[x].values()) for x in chosen
                                         if x not in explained and roles[x] and max(roles[x].values()) > 1}
