@@ -606,8 +606,8 @@ def layout_csv(obj, csv_in, csv_out, capacity, time_limit, jobs):
               help="Trainable parameters, comma-separated (default: initializers named like parameters).")
 @click.option("--frozen", multiple=True, metavar="NAMES", help="Parameters not to train, comma-separated.")
 @click.option("--trainable", multiple=True, metavar="PATTERNS",
-              help="Also train the floating-point initializers these globs match, comma-separated (weights the "
-                   "exporter folded into constants, e.g. 'val_*').")
+              help="Also train the floating-point initializers (not scalars) these globs match, comma-separated "
+                   "(weights the exporter folded into constants, e.g. 'val_*').")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the trainable, frozen, constant, folded, merged and missing names as JSON.")
 @click.option("--optimizer", type=click.Choice(list(training_graph.ARTIFACT_OPTIMIZERS)), default="adamw",

@@ -117,7 +117,7 @@ def matching(patterns: list[str], names: list[str]) -> list[str]:
     for pattern in patterns:
         hits = [x for x in names if fnmatch.fnmatchcase(x, pattern)]
         if not hits:
-            raise RoamError(f"--trainable {pattern!r} matches no floating-point initializer")
+            raise RoamError(f"--trainable {pattern!r} matches no floating-point initializer (scalars excluded)")
         chosen += hits
     return list(dict.fromkeys(chosen))
 
@@ -126,7 +126,8 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
            trainable: list[str] = ()) -> Survey:
     """Choose the trainable parameters: `requires_grad` if given (initializers or graph inputs),
     else the parameters the exporter kept (`parameters.find`) that are not running state; plus
-    the floating-point initializers the globs `trainable` match (folded weights); minus `frozen`.
+    the floating-point initializers, scalars aside, the globs `trainable` match (folded weights);
+    minus `frozen`.
     Running state, `frozen` and external-data weights that are not trained are frozen: moved to
     graph inputs, so the training graph never points into weight data. Every other initializer is
     a constant and stays one."""
@@ -146,7 +147,7 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
                         f"{', ...' if len(not_found) > 3 else ''}): the exporter folded, merged or renamed them; "
                         "export with torch.onnx.export(..., optimize=False) and check the names")
     found = find(model)
-    extra = matching(list(trainable), [x for x, t in inits.items() if t.data_type in FLOAT_TYPES])
+    extra = matching(list(trainable), [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and t.dims])
     if requires_grad is None:
         chosen = [x for x in found.parameters if x not in state and x not in frozen]
         chosen += [x for x in extra if x not in chosen and x not in frozen]
