@@ -3,6 +3,7 @@
 
     PYTHONPATH=. python benchmarks/exporters.py                 # the table in docs/training-graphs.md
     PYTHONPATH=. python benchmarks/exporters.py --perturb         # weights as after training
+    PYTHONPATH=. python benchmarks/exporters.py --perturb --exporters dynamo-optimize-false,torchscript-no-folding,optimum-no-folding
     PYTHONPATH=. python benchmarks/exporters.py --only gpt2,bert --exporters dynamo --out DIR
 
 Each model is a tiny configuration of its architecture (2 layers, hidden 32, small vocabulary and
@@ -15,6 +16,9 @@ Each is exported four ways, with the exporter's default options:
 - optimum:     model.save_pretrained(DIR); optimum.exporters.onnx.main_export(DIR, OUT, task=TASK,
                monolith=True)   (one file, as a training graph needs; validation skipped for time)
 - roam:        roam_cli.frontend.torch_export.export(model, args, ...)
+
+and, with `--exporters`, the same with the option roam's warnings name: `optimize=False`
+(dynamo-optimize-false), `do_constant_folding=False` (torchscript-no-folding, optimum-no-folding).
 
 then `roam make-training-graph model.onnx -o train.onnx --loss LOSS --json` runs on each, and a
 cell is the count of PyTorch's trainable parameters that are trainable in the training graph
@@ -85,6 +89,7 @@ def build(name: str):
 
 
 EXPORTERS = ("dynamo", "torchscript", "optimum", "roam")
+UNFOLDED = ("dynamo-optimize-false", "torchscript-no-folding", "optimum-no-folding")  # the fixes roam names
 
 
 def export(exporter: str, name: str, folder: Path) -> Path:
@@ -97,15 +102,19 @@ def export_quietly(exporter: str, name: str, folder: Path) -> Path:
     model, args, kwargs, _ = build(name)
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / "model.onnx"
-    if exporter in ("dynamo", "torchscript"):
-        torch.onnx.export(model, args, str(path), kwargs=kwargs, dynamo=exporter == "dynamo")
-    elif exporter == "optimum":
+    if exporter in ("dynamo", "dynamo-optimize-false"):
+        torch.onnx.export(model, args, str(path), kwargs=kwargs, dynamo=True, optimize=exporter == "dynamo")
+    elif exporter in ("torchscript", "torchscript-no-folding"):
+        torch.onnx.export(model, args, str(path), kwargs=kwargs, dynamo=False,
+                          do_constant_folding=exporter == "torchscript")
+    elif exporter in ("optimum", "optimum-no-folding"):
         from optimum.exporters.onnx import main_export
 
         saved = folder / "saved"
         model.save_pretrained(saved)
         task = configs()[name][2]
-        main_export(str(saved), str(folder), task=task, monolith=True, do_validation=False)
+        main_export(str(saved), str(folder), task=task, monolith=True, do_validation=False,
+                    do_constant_folding=exporter == "optimum")
     elif exporter == "roam":
         from roam_cli.core.fileio import write_atomic
         from roam_cli.frontend import torch_export
@@ -139,7 +148,7 @@ def pytorch_parameters(model) -> list[set[str]]:
 
 
 def command(exporter: str, name: str) -> list[str]:
-    loss = "cross-entropy" if exporter == "optimum" else build_loss(name)
+    loss = "cross-entropy" if exporter.startswith("optimum") else build_loss(name)
     return ["roam", "make-training-graph", "model.onnx", "-o", "train.onnx", "--loss", loss, "--json"]
 
 
@@ -179,7 +188,8 @@ def summary(r: dict) -> str:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--only", help="comma-separated models (default: gpt2,bert,vit,t5,resnet50,llama)")
-    p.add_argument("--exporters", default=",".join(EXPORTERS), help="comma-separated, of " + ", ".join(EXPORTERS))
+    p.add_argument("--exporters", default=",".join(EXPORTERS),
+                   help="comma-separated, of " + ", ".join(EXPORTERS + UNFOLDED))
     p.add_argument("--out", type=Path, help="keep the exports here (default: a temporary folder)")
     p.add_argument("--perturb", action="store_true", help="perturb every parameter before export (as after training)")
     a = p.parse_args(argv)
