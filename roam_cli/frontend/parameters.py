@@ -105,13 +105,17 @@ def scope_of(node: onnx.NodeProto) -> str:
     return ".".join(x for x, after in zip(parts, parts[1:] + [""]) if not after.startswith(x + "."))
 
 
-def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
-    """The parameters the node's FX call read (dynamo: `args = (%x, %p_fc_weight)`)."""
+def fx_call(node: onnx.NodeProto) -> tuple[str, bool]:
+    """(the node's record of its FX call, whether that is the record of another op's call)."""
     fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
     call = re.search(r"target=([\w.]+)", fx)
-    if node.op_type in ATEN_CALLS and call and not any(a in call[1] for a in ATEN_CALLS[node.op_type]):
-        return []
-    return list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx) if x in params))
+    fused = node.op_type in ATEN_CALLS and call is not None and not any(a in call[1] for a in ATEN_CALLS[node.op_type])
+    return ("", True) if fused else (fx, False)
+
+
+def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
+    """The parameters the node's FX call read (dynamo: `args = (%x, %p_fc_weight)`)."""
+    return list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx_call(node)[0]) if x in params))
 
 
 def module_of(node: onnx.NodeProto) -> str:
@@ -142,8 +146,9 @@ def find(model: onnx.ModelProto) -> Found:
     if not set(params.values()) & (set(inits) | {i.name for i in g.input}):
         record, params = {}, {}  # the names were changed after export (roam's route strips a prefix)
     kinds = {t.name: next((p.value for p in t.metadata_props if p.key == KIND_KEY), "") for t in g.initializer}
-    parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and kinds[x] in ("", "PARAMETER")
-                  and (kinds[x] == "PARAMETER" or looks_like_parameter(x))]
+    marked = any(kinds.values())  # dynamo marks its parameters: an unmarked one its optimizer made
+    parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES
+                  and (kinds[x] == "PARAMETER" if marked else looks_like_parameter(x))]
     is_parameter = set(parameters)
     constants = [x for x in inits if x not in is_parameter]
     folded: dict[str, str] = {}
@@ -161,8 +166,8 @@ def find(model: onnx.ModelProto) -> Found:
             if x in is_parameter:
                 if params and meant and meant != x and meant not in merged.get(x, []):
                     merged.setdefault(x, []).append(meant)  # dynamo: the node read another parameter
-            elif inits[x].data_type in FLOAT_TYPES and weight_slot and (meant or not params):
-                fused = n.op_type == "Conv" and slot == 2 and not params
+            elif inits[x].data_type in FLOAT_TYPES and weight_slot and (meant or not params or fx_call(n)[1]):
+                fused = n.op_type == "Conv" and slot == 2 and (not params or fx_call(n)[1])
                 folded.setdefault(x, "" if fused else meant)
                 fused_norms += [x] if fused else []
     tied = ties(g, params)
