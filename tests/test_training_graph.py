@@ -367,3 +367,12 @@ def test_checkpoint_holds_the_weights_and_a_weightless_export_cannot_have_one(tm
              "--loss", "none", "--checkpoint", tmp_path / "b.ckpt")
     assert r.code == 2 and "--checkpoint needs the weights" in r.err
     assert not (tmp_path / "b.onnx").exists() and not (tmp_path / "b.ckpt").exists()
+
+
+def test_onnx_runtime_failures_are_told_by_their_reason_not_their_source_location():
+    cpp = RuntimeError("/onnxruntime_src/orttraining/x.cc:621 onnxruntime::f(pybind11::module&) [ONNXRuntimeError] : "
+                       "2 : INVALID_ARGUMENT : Cannot compute the partial derivative for 'b' as it's unreachable")
+    assert training_graph.ort_reason(cpp) == "Cannot compute the partial derivative for 'b' as it's unreachable"
+    check = RuntimeError("/x.cc:29 GetGradientForOp(const A&,\n B&) gradient_builder != nullptr was false. "
+                         "The gradient builder has not been registered: CastLike for node n")
+    assert training_graph.ort_reason(check) == "The gradient builder has not been registered: CastLike for node n"

@@ -41,7 +41,8 @@ ATEN_CALLS = {"Conv": ("conv",), "ConvTranspose": ("conv",), "LayerNormalization
               "BatchNormalization": ("batch_norm",), "Gather": ("embedding", "index", "gather"),
               "Gemm": ("addmm", "linear", "mm"), "MatMul": ("matmul", "linear", "mm")}
 # What to change in each exporter's call so that nothing is folded or merged.
-FIXES = {"dynamo": "torch.onnx.export(..., optimize=False)",
+FIXES = {"dynamo": "roam_cli.frontend.torch_export.export, or with torch.onnx.export(..., optimize=False), whose "
+                   "graph ONNX Runtime cannot always differentiate (sequence ops, CastLike)",
          "torchscript": "torch.onnx.export(..., dynamo=False, do_constant_folding=False), or optimum-cli export "
                         "onnx --no-constant-folding",
          "": "export without constant folding"}
@@ -81,7 +82,7 @@ class Found:
             out.append(f"{len(self.missing)} of the exporter's parameters are not in the graph (tied to another, "
                        f"or precomputed by the exporter: a lookup at constant positions, a zero bias): "
                        f"{', '.join(self.missing[:4])}{', ...' if len(self.missing) > 4 else ''}; re-export with "
-                       f"{fix}, or with {ROAM_ROUTE}")
+                       f"{fix}" + ("" if self.exporter == "dynamo" else f", or with {ROAM_ROUTE}"))
         return out
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 import os
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -293,8 +294,16 @@ def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | No
                 optimizer_block(block.parameters())
                 optim = optimizer_block.to_model_proto()
     except (RuntimeError, onnx.checker.ValidationError) as e:  # ORT and onnx report failures this way
-        raise RoamError(f"ONNX Runtime could not build the training graph: {first_line(e)}") from None
+        raise RoamError(f"ONNX Runtime could not build the training graph: {ort_reason(e)}") from None
     return Artifacts(clamp_ir(training), clamp_ir(eval_model), optim and clamp_ir(optim), block.parameters())
+
+
+def ort_reason(e: Exception) -> str:
+    """What ONNX Runtime says went wrong, without the source location and C++ signature before it."""
+    text = " ".join(str(e).split())
+    for marker in ("[ONNXRuntimeError] : ", " was false. "):
+        text = text.rsplit(marker, 1)[-1]
+    return re.sub(r"^\d+ : \w+ : ", "", text) or first_line(e)
 
 
 @dataclass
