@@ -5,7 +5,11 @@ folded transposed weight, embedded or in external data; int64 constants; paramet
 the dynamo exporter's optimizer or by the TorchScript exporter's Identity nodes).
 With torch, transformers, onnxscript and optimum-onnx (skipped otherwise): tiny GPT-2, BERT, ViT,
 T5, ResNet-50 and LLaMA exported each way (benchmarks/exporters.py), every PyTorch parameter
-either trainable under its name or named in a warning."""
+either trainable under its name or named in a warning. To run those:
+
+    pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu
+    pip install 'transformers<4.58' onnxscript optimum-onnx    # optimum-onnx 0.1 needs transformers < 4.58
+"""
 
 import importlib.util
 import sys
