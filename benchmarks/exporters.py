@@ -161,7 +161,7 @@ def cell(exporter: str, name: str, out: Path) -> dict:
     folder = out / f"{name}-{exporter}"
     want = pytorch_parameters(build(name)[0])
     try:
-        path = export(exporter, name, folder)
+        export(exporter, name, folder)
     except Exception as e:  # the exporter's own failure: reported in the cell
         return dict(model=name, exporter=exporter, params=len(want), error=f"export fails: {type(e).__name__}: "
                     f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''}")

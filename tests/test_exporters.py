@@ -222,7 +222,7 @@ def test_every_pytorch_parameter_is_trainable_or_named_in_a_warning(tmp_path, na
     trainable = set(s.trainable)
     f = s.found
     named = set(f.folded.values()) | {o for others in f.merged.values() for o in others} | set(f.missing)
-    unexplained = [sorted(a)[0] for a in want if not a & trainable and not a & named]
+    unexplained = [min(a) for a in want if not a & trainable and not a & named]
     if name == "resnet50" and exporter in ("torchscript", "optimum"):  # eval mode: BatchNorms folded into the
         assert f.fused and all(".normalization." in x for x in unexplained)  # convs, their names gone
         unexplained = []
