@@ -22,7 +22,8 @@ and, with `--exporters`, the same with the option roam's warnings name: `optimiz
 
 then `roam make-training-graph model.onnx -o train.onnx --loss LOSS --json` runs on each, and a
 cell is the count of PyTorch's trainable parameters that are trainable in the training graph
-under their own name, over PyTorch's count, followed by the warnings roam printed.
+under their own name, over PyTorch's count, then how many other initializers it trains, and the
+warnings roam printed.
 
 Needs torch, transformers (<4.58 for optimum-onnx), onnxscript and optimum-onnx."""
 
@@ -173,7 +174,8 @@ def cell(exporter: str, name: str, out: Path) -> dict:
     made = json.loads(proc.stdout)
     trainable = set(made["trainable"])
     kept = sum(1 for aliases in want if aliases & trainable)
-    return dict(model=name, exporter=exporter, params=len(want), kept=kept, warnings=made["warnings"],
+    others = len(trainable - set().union(*want))  # trainable, but no PyTorch parameter's name
+    return dict(model=name, exporter=exporter, params=len(want), kept=kept, others=others, warnings=made["warnings"],
                 folded=len(made["folded"]), merged=sum(map(len, made["merged"].values())),
                 missing=len(made["missing"]), constants=len(made["constants"]))
 
@@ -182,7 +184,8 @@ def summary(r: dict) -> str:
     if "error" in r:
         return r["error"]
     lost = [f"{r[k]} {k}" for k in ("folded", "merged", "missing") if r[k]]
-    return f"{r['kept']}/{r['params']}" + (f" (warns: {', '.join(lost)})" if lost else "")
+    return (f"{r['kept']}/{r['params']}" + (f" + {r['others']} other trainable" if r["others"] else "")
+            + (f" (warns: {', '.join(lost)})" if lost else ""))
 
 
 def main(argv=None) -> int:
