@@ -11,9 +11,11 @@ Exporters keep a parameter as an initializer named by its PyTorch path, but they
 and they add constants of their own (shapes, masks, position ids, rotary tables, module buffers).
 
 The evidence, strongest first: the dynamo exporter records the ExportedProgram's signature (every
-parameter and buffer) and each node's FX call, which names the parameters the node read; the
-TorchScript exporter names nodes by module scope (`/bert/encoder/layer.0/attention/self/query/MatMul`);
-else only the slot a constant fills tells (a MatMul's or a Conv's weight). No weight byte is read."""
+parameter and buffer), marks each initializer PARAMETER or BUFFER (roam's route does too), and
+keeps each node's FX call, which names the parameters the node read (and shows ties: a module
+reading another module's parameter); the TorchScript exporter names nodes by module scope
+(`/bert/encoder/layer.0/attention/self/query/MatMul`); else only the place a constant fills tells
+(a MatMul's or a Conv's weight). No weight byte is read."""
 
 from __future__ import annotations
 
