@@ -156,6 +156,10 @@ def test_dynamo_records_tell_merged_and_missing_parameters_and_buffers():
     assert "1 parameters were merged" in merged and "b.ln.weight -> a.ln.weight" in merged
     assert "perturb the weights before exporting" in merged and "torch_export" in merged
     assert "c.bias" in missing and "optimize=False" in missing
+    unmarked = dynamo_graph()  # optimize=False: no marks on the initializers, the record still says
+    for t in unmarked.graph.initializer:
+        del t.metadata_props[:]
+    assert parameters.find(unmarked).constants == ["pos", "ids", "rotary.inv_freq"]
     s = training_graph.survey(dynamo_graph())
     assert s.trainable == ["a.ln.weight", "head.weight"] and s.shared == {}  # the merge is told once, by name
     assert s.names()["merged"] == {"a.ln.weight": ["b.ln.weight"]} and s.names()["missing"] == ["c.bias"]

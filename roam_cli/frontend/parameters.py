@@ -150,7 +150,8 @@ def find(model: onnx.ModelProto) -> Found:
         record, params = {}, {}  # the names were changed after export (roam's route strips a prefix)
     kinds = {t.name: next((p.value for p in t.metadata_props if p.key == KIND_KEY), "") for t in g.initializer}
     marked = any(kinds.values())  # dynamo marks its parameters: an unmarked one its optimizer made
-    parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES
+    buffers = {name for kind, name in record.values() if kind != "PARAMETER"}  # also when unmarked
+    parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and x not in buffers
                   and (kinds[x] == "PARAMETER" if marked else looks_like_parameter(x))]
     is_parameter = set(parameters)
     constants = [x for x in inits if x not in is_parameter]
