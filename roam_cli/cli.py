@@ -644,6 +644,11 @@ def lower(obj, model, out_path, as_json):
 @click.option("--requires-grad", "requires_grad", multiple=True, metavar="NAMES",
               help="Trainable parameters, comma-separated (default: initializers named like parameters).")
 @click.option("--frozen", multiple=True, metavar="NAMES", help="Parameters not to train, comma-separated.")
+@click.option("--trainable", multiple=True, metavar="PATTERNS",
+              help="Also train the floating-point initializers (not scalars) these globs match, comma-separated "
+                   "(weights the exporter folded into constants, e.g. 'val_*').")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the trainable, frozen, constant, folded, merged and missing names as JSON.")
 @click.option("--optimizer", type=click.Choice(list(training_graph.ARTIFACT_OPTIMIZERS)), default="adamw",
               show_default=True)
 @click.option("--in-graph-optimizer", "in_graph", is_flag=True,
@@ -658,8 +663,8 @@ def lower(obj, model, out_path, as_json):
               help="With --backend ort-artifacts: keep ONNX Runtime's fused training ops (runs on "
                    "onnxruntime-training only) instead of writing standard ONNX.")
 @click.pass_obj
-def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optimizer, in_graph, optimizer_path,
-                        checkpoint_path, backend, fused):
+def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
+                        optimizer_path, checkpoint_path, backend, fused):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
@@ -673,25 +678,30 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, optim
       roam make-training-graph model.onnx -o train.onnx --loss cross-entropy
       roam make-training-graph model.onnx -o step.onnx --loss none --in-graph-optimizer
       roam make-training-graph training_model.onnx -o step.onnx --in-graph-optimizer --optimizer sgd
+      roam make-training-graph model.onnx -o train.onnx --loss none --trainable 'val_*' --json
     """
     if optimizer_path is None:
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
     from roam_cli.backward import step
 
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
-                               frozen=split_names(frozen), optimizer=optimizer, in_graph=in_graph,
-                               optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
+                               frozen=split_names(frozen), trainable=split_names(trainable), optimizer=optimizer,
+                               in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
                                backward=step.build if backend == "roam" else training_graph.build, fused=fused)
-    if made.survey is not None and not obj["quiet"]:
+    if as_json:
+        names = made.survey.names() if made.survey is not None else {}
+        click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],
+                                       "written": [str(path) for path, _, _ in made.written]}, indent=1))
+    elif made.survey is not None and not obj["quiet"]:
         s = made.survey
-        out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen",
-                  highlight=False)
+        out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen, "
+                  f"{len(s.constants):,} constants", highlight=False)
         if made.repaired:
             out.print("repaired: " + ", ".join(f"{op} ×{n}" for op, n in sorted(made.repaired.items())), highlight=False)
     if made.survey is not None:
         for warning in made.survey.warnings():
             click.echo(f"warning: {warning}", err=True)
-    if not obj["quiet"]:
+    if not obj["quiet"] and not as_json:
         for path, what, nodes in made.written:
             out.print(f"wrote {path}: {what}" + (f", {nodes:,} nodes" if nodes else ""), highlight=False)
 

@@ -96,10 +96,11 @@ def test_survey_finds_parameters_by_name_freezes_running_state_and_flags_folding
     assert s.trainable == ["fc.weight", "fc.bias", "ln.weight", "bn.weight", "bn.bias"]
     assert s.elements == 12 + 4 + 4 + 4 + 4
     assert s.frozen == ["bn.running_mean", "bn.running_var"]
-    assert s.folded == ["val_7"]  # random values feeding a MatMul; the 0/-inf mask is not flagged
+    assert s.found.folded == {"val_7": ""}  # in a MatMul's weight place; the mask feeding Add is a constant
+    assert s.constants == ["val_7", "where", "shape"]
     assert s.shared == {"ln.weight": 2}
     warnings = s.warnings()
-    assert len(warnings) == 2 and "val_7" in warnings[0] and "optimize=False" in warnings[0]
+    assert len(warnings) == 2 and "--trainable val_7 " in warnings[0]
     assert "ln.weight: 2" in warnings[1]
 
 
@@ -325,7 +326,7 @@ def test_export_becomes_both_graphs_that_onnx_runtime_runs_with_pytorchs_paramet
     params = list(torch_model.parameters())
     assert len(made.survey.trainable) == len(params) == len(full.survey.trainable)
     assert made.survey.elements == sum(p.numel() for p in params)
-    assert made.survey.folded == [] and made.survey.shared == {}
+    assert made.survey.warnings() == []
     assert len(gradient_accumulators(onnx.load(str(tmp_path / "t.onnx")).graph)) == len(params)
     assert [w for _, w, _ in made.written] == ["training graph", "optimizer graph"]
     for graph in ("t.onnx", "f.onnx"):
@@ -371,3 +372,12 @@ def test_checkpoint_holds_the_weights_and_a_weightless_export_cannot_have_one(tm
              "--loss", "none", "--checkpoint", tmp_path / "b.ckpt")
     assert r.code == 2 and "--checkpoint needs the weights" in r.err
     assert not (tmp_path / "b.onnx").exists() and not (tmp_path / "b.ckpt").exists()
+
+
+def test_onnx_runtime_failures_are_told_by_their_reason_not_their_source_location():
+    cpp = RuntimeError("/onnxruntime_src/orttraining/x.cc:621 onnxruntime::f(pybind11::module&) [ONNXRuntimeError] : "
+                       "2 : INVALID_ARGUMENT : Cannot compute the partial derivative for 'b' as it's unreachable")
+    assert training_graph.ort_reason(cpp) == "Cannot compute the partial derivative for 'b' as it's unreachable"
+    check = RuntimeError("/x.cc:29 GetGradientForOp(const A&,\n B&) gradient_builder != nullptr was false. "
+                         "The gradient builder has not been registered: CastLike for node n")
+    assert training_graph.ort_reason(check) == "The gradient builder has not been registered: CastLike for node n"

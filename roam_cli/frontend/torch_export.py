@@ -5,7 +5,8 @@
 positions is folded away) and merges initializers that happen to be equal. Here the export
 runs with `optimize=False`, every parameter and buffer is lifted to a graph input, the
 exporter's optimizer runs (it cannot fold or merge inputs), and the parameters and buffers are
-put back as initializers under their PyTorch names.
+put back as initializers under their PyTorch names, each marked PARAMETER or BUFFER as the
+dynamo exporter marks them (`roam_cli.frontend.parameters`).
 
 A module built under `torch.device("meta")` exports without weights: no parameter data ever
 exists, and each parameter becomes an external-data initializer pointing into a file that is
@@ -23,6 +24,8 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
+
+from roam_cli.frontend.parameters import KIND_KEY, SIGNATURE_KEY
 
 OPSET = 18
 PAGE = 4096  # external-data offsets are page aligned so a data file could be memory-mapped
@@ -132,6 +135,8 @@ def export(module, args: tuple, input_names: list[str], output_names: list[str],
         arr = meta_values[id(source)] if source.is_meta else source.detach().cpu().numpy()
         assert list(arr.shape) == dims, (name, arr.shape, dims)
         inits.append(numpy_helper.from_array(arr, name))
+    for t in inits:  # as the dynamo exporter marks them: a buffer (rotary inv_freq) is never trained
+        t.metadata_props.add(key=KIND_KEY, value="PARAMETER" if t.name in tensors else "BUFFER")
     mp.graph.initializer.extend(inits)
     strip_metadata(mp)
     return Exported(mp, params, data_file if weightless else None, seconds)
@@ -151,7 +156,12 @@ def external_tensor(name: str, dims: list[int], dtype: int, location: str, offse
 
 
 def strip_metadata(mp: onnx.ModelProto) -> None:
-    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths)."""
+    """Drop per-node exporter metadata except the module namespace (stack traces hold local paths),
+    and the exporter's record of the module's inputs, whose names this export changed."""
+    keep = [(p.key, p.value) for p in mp.graph.metadata_props if p.key != SIGNATURE_KEY]
+    del mp.graph.metadata_props[:]
+    for k, v in keep:
+        mp.graph.metadata_props.add(key=k, value=v)
     for n in mp.graph.node:
         keep = [(p.key, p.value) for p in n.metadata_props if p.key == "namespace"]
         del n.metadata_props[:]

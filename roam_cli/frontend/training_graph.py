@@ -1,16 +1,17 @@
 """Inference ONNX export -> training graph: forward, loss and backward, plus its optimizer graph.
 
-Works on the graph's structure alone; no weight byte is ever read:
+Works on the graph's structure alone; no weight byte is ever read (the exporter's constants in
+external data are: they are small, and the training graph computes with their values):
 1. `repair`: add what exporters leave out and ONNX Runtime's gradient builders need — the
    optional outputs of LayerNormalization (mean, inverse std-dev), Dropout (mask) and
    SoftmaxCrossEntropyLoss (log-probabilities), and BatchNormalization's training mode (exports
    of a model in train mode still carry the inference form, which normalises with the running
    statistics).
-2. `survey`: which initializers are trainable parameters, which are frozen state, and which look
-   like parameters the exporter folded into constants or merged.
+2. `survey`: which initializers are trainable parameters, which are frozen state, which are
+   constants, and which parameters the exporter folded, merged or left out (`parameters.find`).
 3. `build`: the ONNX Runtime training artifacts (`onnxruntime.training.onnxblock`, the library
    behind `artifacts.generate_artifacts`): training graph with gradient accumulation buffers, eval
-   graph, optimizer graph. Parameters and every external-data initializer become graph inputs
+   graph, optimizer graph. Parameters and every external-data weight become graph inputs
    before ONNX Runtime sees the graph; the onnx checker only tests that external-data files
    exist, so sparse stand-ins in a scratch folder take their place.
 
@@ -19,7 +20,9 @@ Works on the graph's structure alone; no weight byte is ever read:
 from __future__ import annotations
 
 import contextlib
+import fnmatch
 import os
+import re
 import tempfile
 from collections import Counter
 from dataclasses import dataclass, field
@@ -27,9 +30,10 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto, numpy_helper
+from onnx import TensorProto
 
 from roam_cli.core.errors import RoamError, first_line
+from roam_cli.frontend.parameters import FLOAT_TYPES, Found, find
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -41,7 +45,6 @@ ARTIFACT_OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}  # onnxblock.optim blocks
 # Optional outputs the ORT gradient builders read, named <output 0>.<suffix> when added.
 OPTIONAL_OUTPUTS = {"LayerNormalization": ["mean", "inv_std_dev"], "Dropout": ["mask"],
                     "SoftmaxCrossEntropyLoss": ["log_prob"], "BatchNormalization": ["running_mean", "running_var"]}
-FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
 # Operands that hold state a training step reads but does not differentiate (running statistics).
 STATE_OPERANDS = {("BatchNormalization", 3), ("BatchNormalization", 4)}
 
@@ -80,18 +83,20 @@ class Survey:
     """The parameters as the graph has them (names are initializer names)."""
 
     trainable: list[str]
-    frozen: list[str]  # moved to graph inputs, not trained: running statistics, --frozen, external data
+    frozen: list[str]  # moved to graph inputs, not trained: running statistics, --frozen, external weights
     elements: int  # trainable elements
-    folded: list[str] = field(default_factory=list)  # float constants with parameter-like values
+    constants: list[str] = field(default_factory=list)  # stay initializers: exporter constants, buffers
+    found: Found | None = None  # what the exporter kept, folded, merged and dropped
     shared: dict[str, int] = field(default_factory=dict)  # trainable read by N nodes in the same role
     unreached: list[str] = field(default_factory=list)  # named trainable, but the loss does not depend on them
+    unfed: list[str] = field(default_factory=list)  # constants whose external data is absent: graph inputs
 
     def warnings(self) -> list[str]:
-        out = []
-        if self.folded:
-            out.append(f"{len(self.folded)} floating-point constants look like parameters folded by the exporter "
-                       f"({', '.join(self.folded[:3])}{', ...' if len(self.folded) > 3 else ''}): they will not "
-                       "be trained; export with torch.onnx.export(..., optimize=False) or keep parameters as inputs")
+        out = self.found.warnings() if self.found else []
+        if self.unfed:
+            out.append(f"{len(self.unfed)} constants are in an absent external data file ({', '.join(self.unfed[:3])}"
+                       f"{', ...' if len(self.unfed) > 3 else ''}): they become graph inputs, which roam train fills "
+                       "with synthetic data unless --inputs gives their values")
         if self.shared:
             name, n = next(iter(self.shared.items()))
             out.append(f"{len(self.shared)} parameters are each read by several nodes in the same role ({name}: {n}): "
@@ -102,18 +107,35 @@ class Survey:
                        f"{', ...' if len(self.unreached) > 3 else ''}): they get no gradient and are not updated")
         return out
 
+    def names(self) -> dict:
+        """For --json: the trainable, frozen, constant, folded, merged, missing and tied names."""
+        f = self.found
+        return {"trainable": self.trainable, "frozen": self.frozen, "constants": self.constants,
+                "folded": dict(f.folded) if f else {}, "merged": dict(f.merged) if f else {},
+                "missing": list(f.missing) if f else [], "tied": dict(f.tied) if f else {}, "unfed": self.unfed,
+                "exporter": f.exporter if f else ""}
 
-def looks_like_parameter(name: str) -> bool:
-    """A framework parameter path (`encoder.layer.0.query.weight`), not an exporter-made constant
-    (`val_42`, `onnx::MatMul_7`, `/layer/Constant_output_0`)."""
-    return "." in name and not name.startswith(("onnx::", "/"))
+
+def matching(patterns: list[str], names: list[str]) -> list[str]:
+    """The names any of the glob `patterns` matches; a pattern matching none is an error."""
+    chosen = []
+    for pattern in patterns:
+        hits = [x for x in names if fnmatch.fnmatchcase(x, pattern)]
+        if not hits:
+            raise RoamError(f"--trainable {pattern!r} matches no floating-point initializer (scalars excluded)")
+        chosen += hits
+    return list(dict.fromkeys(chosen))
 
 
-def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, frozen: list[str] = ()) -> Survey:
+def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, frozen: list[str] = (),
+           trainable: list[str] = ()) -> Survey:
     """Choose the trainable parameters: `requires_grad` if given (initializers or graph inputs),
-    else every floating-point initializer named like a framework parameter that is not running
-    state; minus `frozen`. Running state, `frozen` and external-data initializers that are not
-    trained are frozen: moved to graph inputs, so the training graph never points into weight data."""
+    else the parameters the exporter kept (`parameters.find`) that are not running state; plus
+    the floating-point initializers, scalars aside, the globs `trainable` match (folded weights);
+    minus `frozen`.
+    Running state, `frozen` and external-data weights that are not trained are frozen: moved to
+    graph inputs, so the training graph never points into weight data. Every other initializer is
+    a constant and stays one."""
     g = model.graph
     inits = {t.name: t for t in g.initializer}
     dtypes = {i.name: i.type.tensor_type.elem_type for i in g.input}
@@ -129,25 +151,30 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
         raise RoamError(f"{len(not_found)} named parameters are not in the graph ({', '.join(not_found[:3])}"
                         f"{', ...' if len(not_found) > 3 else ''}): the exporter folded, merged or renamed them; "
                         "export with torch.onnx.export(..., optimize=False) and check the names")
+    found = find(model)
+    extra = matching(list(trainable), [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and t.dims])
     if requires_grad is None:
-        trainable = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and looks_like_parameter(x)
-                     and x not in state and x not in frozen]
-        if not trainable:
+        chosen = [x for x in found.parameters if x not in state and x not in frozen]
+        chosen += [x for x in extra if x not in chosen and x not in frozen]
+        if not chosen:
             raise RoamError("no initializer is named like a parameter (e.g. encoder.layer.0.weight): "
-                            "name the trainable ones with --requires-grad")
+                            "name the trainable ones with --requires-grad or --trainable")
     else:
-        trainable = [x for x in dict.fromkeys(requires_grad) if x not in frozen]
-        bad = [x for x in trainable if dtypes[x] not in FLOAT_TYPES]
+        chosen = [x for x in dict.fromkeys(list(requires_grad) + extra) if x not in frozen]
+        bad = [x for x in chosen if dtypes[x] not in FLOAT_TYPES]
         if bad:
             raise RoamError(f"parameter {bad[0]!r} is not floating-point and cannot be trained")
-    chosen = set(trainable)
-    frozen_all = [x for x, t in inits.items() if x not in chosen and
-                  (x in state or x in frozen or t.data_location == TensorProto.EXTERNAL)]
-    elements = sum(int(np.prod(inits[x].dims if x in inits else shape_of(g, x), dtype=np.int64)) for x in trainable)
-    folded = [x for x, t in inits.items() if x not in chosen and x not in frozen_all and t.data_type in FLOAT_TYPES
-              and len(t.dims) >= 2 and len(np.unique(numpy_helper.to_array(t))) > 2]
-    shared = {x: max(roles[x].values()) for x in trainable if roles[x] and max(roles[x].values()) > 1}
-    return Survey(trainable, frozen_all, elements, folded, shared)
+    weights = set(found.parameters) | set(found.folded)
+    frozen_all = [x for x, t in inits.items() if x not in chosen and (x in state or x in frozen or (
+        x in weights and t.data_location == TensorProto.EXTERNAL))]
+    constants = [x for x in inits if x not in chosen and x not in frozen_all]
+    elements = sum(int(np.prod(inits[x].dims if x in inits else shape_of(g, x), dtype=np.int64)) for x in chosen)
+    found.folded = {x: p for x, p in found.folded.items() if x not in chosen}
+    found.fused = [x for x in found.fused if x not in chosen]
+    explained = set(found.merged) | {o for others in found.merged.values() for o in others}
+    shared = {} if found.exporter else {x: max(roles[x].values()) for x in chosen
+                                        if x not in explained and roles[x] and max(roles[x].values()) > 1}
+    return Survey(chosen, frozen_all, elements, constants, found, shared)
 
 
 def shape_of(g: onnx.GraphProto, name: str) -> list[int]:
@@ -158,6 +185,26 @@ def shape_of(g: onnx.GraphProto, name: str) -> list[int]:
                 return [d.dim_value for d in dims]
             raise RoamError(f"parameter {name!r} has a symbolic shape; parameters must have static shapes")
     raise AssertionError(name)
+
+
+def embed_constants(model: onnx.ModelProto, names: list[str], base_dir: Path) -> list[str]:
+    """Read the values of the constants kept in external data into the graph (position ids, masks,
+    rotary tables: small, and the training graph must compute with their values, not with data fed
+    at run time). Returns those whose data file is absent: they can only become graph inputs."""
+    from onnx.external_data_helper import load_external_data_for_tensor
+
+    absent = []
+    wanted = set(names)
+    for t in model.graph.initializer:
+        if t.name in wanted and t.data_location == TensorProto.EXTERNAL:
+            try:
+                load_external_data_for_tensor(t, str(base_dir))
+            except (OSError, ValueError, onnx.checker.ValidationError):
+                absent.append(t.name)
+                continue
+            t.data_location = TensorProto.DEFAULT
+            del t.external_data[:]
+    return absent
 
 
 @dataclass
@@ -258,8 +305,16 @@ def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | No
                 optimizer_block(block.parameters())
                 optim = optimizer_block.to_model_proto()
     except (RuntimeError, onnx.checker.ValidationError) as e:  # ORT and onnx report failures this way
-        raise RoamError(f"ONNX Runtime could not build the training graph: {first_line(e)}") from None
+        raise RoamError(f"ONNX Runtime could not build the training graph: {ort_reason(e)}") from None
     return Artifacts(clamp_ir(training), clamp_ir(eval_model), optim and clamp_ir(optim), block.parameters())
+
+
+def ort_reason(e: Exception) -> str:
+    """What ONNX Runtime says went wrong, without the source location and C++ signature before it."""
+    text = " ".join(str(e).split())
+    for marker in ("[ONNXRuntimeError] : ", " was false. "):
+        text = text.rsplit(marker, 1)[-1]
+    return re.sub(r"^\d+ : \w+ : ", "", text) or first_line(e)
 
 
 @dataclass
@@ -272,7 +327,7 @@ class Made:
 
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
-         frozen: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
+         frozen: list[str] = (), trainable: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
          optimizer_path: Path | None = None, checkpoint_path: Path | None = None, backward=build,
          fused: bool = False) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
@@ -303,9 +358,10 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         if not in_graph:
             raise RoamError(f"{infer_path} already is a training graph; add --in-graph-optimizer to turn it into "
                             "one graph for the whole training step")
-        if loss is not None or requires_grad is not None or frozen or checkpoint_path:
-            raise RoamError("--loss, --requires-grad, --frozen and --checkpoint apply to inference exports; a "
-                            "training graph has its loss, and its parameters are those with gradient accumulators")
+        if loss is not None or requires_grad is not None or frozen or trainable or checkpoint_path:
+            raise RoamError("--loss, --requires-grad, --trainable, --frozen and --checkpoint apply to inference "
+                            "exports; a training graph has its loss, and its parameters are those with gradient "
+                            "accumulators")
         write((out_path, "full step", full_step(model, optimizer)))
         return Made(None, Counter(), written)
     if loss is None:
@@ -319,7 +375,10 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
     repaired = repair(model)
     clamp_ir(model)
-    chosen = survey(model, requires_grad, frozen)
+    chosen = survey(model, requires_grad, frozen, trainable)
+    chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
+    chosen.frozen += chosen.unfed
+    chosen.constants = [x for x in chosen.constants if x not in chosen.unfed]
     built = backward(model, chosen, loss, None if in_graph else optimizer)
     graph = full_step(built.training, optimizer) if in_graph else built.training
     if checkpoint_path:  # first: reading the weights may still fail

@@ -1,0 +1,196 @@
+"""Which initializers of an inference export are the model's parameters, from the graph alone.
+
+Exporters keep a parameter as an initializer named by its PyTorch path, but they also
+- fold one into a constant (`val_39`, `onnx::MatMul_658`): a Linear weight transposed, scaled or
+  cast once at export, a BatchNorm folded into its convolution;
+- merge parameters whose values are equal (a fresh model's LayerNorm weights are all ones): the
+  dynamo exporter points every reader at one initializer, the TorchScript exporter (and optimum,
+  which runs it) reads the others through Identity nodes that keep their names;
+- drop a parameter whose use they can precompute (a position embedding read at constant
+  positions, a zero bias);
+and they add constants of their own (shapes, masks, position ids, rotary tables, module buffers).
+
+The evidence, strongest first: the dynamo exporter records the ExportedProgram's signature (every
+parameter and buffer), marks each initializer PARAMETER or BUFFER (roam's route does too), and
+keeps each node's FX call, which names the parameters the node read (and shows ties: a module
+reading another module's parameter); the TorchScript exporter names nodes by module scope
+(`/bert/encoder/layer.0/attention/self/query/MatMul`); else only the place a constant fills tells
+(a MatMul's or a Conv's weight). No weight byte is read."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto
+
+FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
+FX_NODE_KEY = "pkg.torch.onnx.fx_node"
+NAMESPACE_KEY = "namespace"  # `: Model/transformer: GPT2Model/transformer.wte: Embedding/embedding: aten.embedding`
+KIND_KEY = "pkg.torch.export.graph_signature.InputSpec.kind"
+# (op, operand) where a parameter goes -> the ranks it has there: a floating-point constant in
+# such a place is a weight the exporter folded.
+WEIGHT_SLOTS = {("MatMul", 1): {2}, ("Gemm", 1): {2}, ("Gemm", 2): {1}, ("Conv", 1): {3, 4, 5}, ("Conv", 2): {1},
+                ("ConvTranspose", 1): {3, 4, 5}, ("ConvTranspose", 2): {1}, ("Gather", 0): {2},
+                ("LayerNormalization", 1): {1}, ("LayerNormalization", 2): {1},
+                ("BatchNormalization", 1): {1}, ("BatchNormalization", 2): {1}}
+# An ONNX op -> the ATen calls it can come from. The optimizer fuses nodes and a fused node keeps
+# the record of one of them (a Conv carrying its BatchNorm's call): only an agreeing record names
+# the node's parameters.
+ATEN_CALLS = {"Conv": ("conv",), "ConvTranspose": ("conv",), "LayerNormalization": ("layer_norm",),
+              "BatchNormalization": ("batch_norm",), "Gather": ("embedding", "index", "gather"),
+              "Gemm": ("addmm", "linear", "mm"), "MatMul": ("matmul", "linear", "mm")}
+# What to change in each exporter's call so that nothing is folded or merged.
+FIXES = {"dynamo": "roam_cli.frontend.torch_export.export, or with torch.onnx.export(..., optimize=False), whose "
+                   "graph ONNX Runtime cannot always differentiate (sequence ops, CastLike)",
+         "torchscript": "torch.onnx.export(..., dynamo=False, do_constant_folding=False), or optimum-cli export "
+                        "onnx --no-constant-folding",
+         "": "export without constant folding"}
+ROAM_ROUTE = "roam_cli.frontend.torch_export.export (keeps every parameter)"
+
+
+@dataclass
+class Found:
+    """Initializer names sorted by what they are (in file order)."""
+
+    parameters: list[str]  # the model's parameters as the exporter kept them
+    constants: list[str]  # every other initializer: exporter constants, module buffers, folded weights
+    folded: dict[str, str]  # constant in a weight's place -> the parameter it was made from ("" unknown)
+    merged: dict[str, list[str]]  # parameter -> the other parameters the exporter merged into it
+    missing: list[str]  # parameters the exporter's record lists that the graph holds nowhere
+    exporter: str  # "dynamo", "torchscript" or "" (unknown)
+    tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
+    fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
+
+    def warnings(self) -> list[str]:
+        """One line per kind of loss, each naming the parameters and the fix."""
+        fix = FIXES[self.exporter]
+        out = []
+        if self.folded:
+            shown = ", ".join(f"{c} ({p})" if p else c for c, p in list(self.folded.items())[:4])
+            norms = (f" ({len(self.fused)} are convolution biases made by folding a BatchNormalization into its "
+                     "convolution: its weight and bias are gone)") if self.fused else ""
+            out.append(f"{len(self.folded)} parameters were folded by the exporter into constants and will not be "
+                       f"trained{norms}: {shown}{', ...' if len(self.folded) > 4 else ''}; train them as they are with "
+                       f"--trainable {','.join(self.folded)} or re-export with {fix}")
+        if self.merged:
+            pairs = [f"{o} -> {p}" for p, others in self.merged.items() for o in others]
+            out.append(f"{len(pairs)} parameters were merged by the exporter into another with equal values, and "
+                       f"would train as one: {', '.join(pairs[:4])}{', ...' if len(pairs) > 4 else ''}; perturb "
+                       f"the weights before exporting (as after training), or export with {ROAM_ROUTE}")
+        if self.missing:
+            out.append(f"{len(self.missing)} of the exporter's parameters are not in the graph (tied to another, "
+                       f"or precomputed by the exporter: a lookup at constant positions, a zero bias): "
+                       f"{', '.join(self.missing[:4])}{', ...' if len(self.missing) > 4 else ''}; re-export with "
+                       f"{fix}" + ("" if self.exporter == "dynamo" else f", or with {ROAM_ROUTE}"))
+        return out
+
+
+def looks_like_parameter(name: str) -> bool:
+    """A framework parameter path (`encoder.layer.0.query.weight`), not an exporter-made constant
+    (`val_42`, `onnx::MatMul_7`, `/layer/Constant_output_0`)."""
+    return "." in name and not name.startswith(("onnx::", "/"))
+
+
+def signature(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
+    """The dynamo exporter's record: placeholder (`p_fc_weight`) -> (kind, PyTorch name)."""
+    text = next((p.value for p in model.graph.metadata_props if p.key == SIGNATURE_KEY), "")
+    return {m[1]: (m[2], m[3]) for m in re.finditer(r"^(\w+): (\w+) target='([^']*)'", text, re.MULTILINE)}
+
+
+def scope_of(node: onnx.NodeProto) -> str:
+    """The module path a TorchScript-exported node came from (`/bert/encoder/layer.0/x/MatMul` ->
+    `bert.encoder.layer.0.x`), or ""."""
+    parts = node.name.split("/")[1:-1] if node.name.startswith("/") else []
+    # a called nn.Sequential `layer` has a scope of its own, and its children `layer.0`, `layer.1`
+    return ".".join(x for x, after in zip(parts, parts[1:] + [""]) if not after.startswith(x + "."))
+
+
+def fx_call(node: onnx.NodeProto) -> tuple[str, bool]:
+    """(the node's record of its FX call, whether that is the record of another op's call)."""
+    fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
+    call = re.search(r"target=([\w.]+)", fx)
+    fused = node.op_type in ATEN_CALLS and call is not None and not any(a in call[1] for a in ATEN_CALLS[node.op_type])
+    return ("", True) if fused else (fx, False)
+
+
+def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
+    """The parameters the node's FX call read (dynamo: `args = (%x, %p_fc_weight)`)."""
+    return list(dict.fromkeys(params[x] for x in re.findall(r"%(\w+)", fx_call(node)[0]) if x in params))
+
+
+def module_of(node: onnx.NodeProto) -> str:
+    """The module a dynamo-exported node ran in (`transformer.wte`), from its namespace, or ""."""
+    scopes = next((p.value for p in node.metadata_props if p.key == NAMESPACE_KEY), "").split("/")
+    return scopes[-2].split(":")[0] if len(scopes) > 2 else ""
+
+
+def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str]) -> str:
+    """The PyTorch parameter that belongs in `node`'s operand `slot`, or "". `params`: the dynamo
+    placeholders -> names; without them, the node's module scope and the slot's usual name."""
+    suffix = "bias" if slot >= 2 or node.op_type == "Add" else "weight"
+    if params:
+        read = fx_parameters(node, params)
+        if len(read) == 1:
+            return read[0]
+        fitting = [p for p in read if p.rsplit(".", 1)[-1] == suffix]
+        return fitting[0] if len(fitting) == 1 else ""
+    scope = scope_of(node)
+    return f"{scope}.{suffix}" if scope else ""
+
+
+def find(model: onnx.ModelProto) -> Found:
+    g = model.graph
+    inits = {t.name: t for t in g.initializer}
+    record = signature(model)
+    params = {x: name for x, (kind, name) in record.items() if kind == "PARAMETER"}
+    if not set(params.values()) & (set(inits) | {i.name for i in g.input}):
+        record, params = {}, {}  # the names were changed after export (roam's route strips a prefix)
+    kinds = {t.name: next((p.value for p in t.metadata_props if p.key == KIND_KEY), "") for t in g.initializer}
+    marked = any(kinds.values())  # dynamo marks its parameters: an unmarked one its optimizer made
+    buffers = {name for kind, name in record.values() if kind != "PARAMETER"}  # also when unmarked
+    parameters = [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and x not in buffers
+                  and (kinds[x] == "PARAMETER" if marked else looks_like_parameter(x))]
+    is_parameter = set(parameters)
+    constants = [x for x in inits if x not in is_parameter]
+    folded: dict[str, str] = {}
+    fused_norms: list[str] = []
+    merged: dict[str, list[str]] = {}
+    for n in g.node:
+        if n.op_type == "Identity" and n.input and n.input[0] in is_parameter and looks_like_parameter(n.output[0]):
+            merged.setdefault(n.input[0], []).append(n.output[0])  # TorchScript's deduplicated initializer
+            continue
+        for slot, x in enumerate(n.input):
+            weight_slot = len(inits[x].dims) in WEIGHT_SLOTS.get((n.op_type, slot), ()) if x in inits else False
+            if x not in inits or not weight_slot and not (params and x in is_parameter):
+                continue
+            meant = parameter_in(n, slot, params)
+            if x in is_parameter:
+                if params and meant and meant != x and meant not in merged.get(x, []):
+                    merged.setdefault(x, []).append(meant)  # dynamo: the node read another parameter
+            elif inits[x].data_type in FLOAT_TYPES and weight_slot and (meant or not params or fx_call(n)[1]):
+                fused = n.op_type == "Conv" and slot == 2 and (not params or fx_call(n)[1])
+                folded.setdefault(x, "" if fused else meant)
+                fused_norms += [x] if fused else []
+    tied = ties(g, params)
+    accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
+    missing = [name for name in params.values() if name not in accounted]
+    exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
+    return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms)
+
+
+def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:
+    """Tied parameters, from the dynamo record: torch.export gives a tied weight one placeholder, so
+    a module that reads another module's parameter (GPT-2's `transformer.wte` reading
+    `lm_head.weight`) holds that parameter under its own name too."""
+    listed = set(params.values())
+    out = {}
+    for n in g.node:
+        module = module_of(n)
+        for p in fx_parameters(n, params) if module else []:
+            own = f"{module}.{p.rsplit('.', 1)[-1]}"
+            if own != p and own in listed and not p.startswith(module + "."):
+                out[own] = p
+    return out
