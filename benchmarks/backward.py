@@ -29,7 +29,8 @@ from onnx import helper, numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from roam_cli.backward.step import standard, training_model
+from roam_cli.backward.step import training_model
+from roam_cli.lower import lower_model
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend import training_graph
 from roam_cli.frontend.onnx_import import load_model
@@ -111,7 +112,7 @@ def built(path: Path, loss: str, dropout: bool, ort: bool):
 def row(path: Path, loss: str, folder: Path) -> str:
     """Plans of both steps as exported (Dropout on); gradients with Dropout's ratio 0."""
     chosen, ours, _, theirs = built(path, loss, dropout=True, ort=True)
-    our_plan = plan(standard(full_step(ours)), folder, f"{path.parent.name}.roam")
+    our_plan = plan(lower_model(full_step(ours)), folder, f"{path.parent.name}.roam")
     cells = [path.parent.name, str(len(chosen.trainable)),
              f"{our_plan['persistent_bytes'] / KIB:.0f}", f"{our_plan['arena_bytes'] / KIB:.0f}"]
     if isinstance(theirs, str):
@@ -120,7 +121,7 @@ def row(path: Path, loss: str, folder: Path) -> str:
     chosen, ours, unreached, theirs = built(path, loss, dropout=False, ort=True)
     feeds = feeds_for(theirs)
     params = [p for p in chosen.trainable if p not in unreached]
-    a, b = gradients(standard(ours), params, feeds), gradients(theirs, params, feeds)
+    a, b = gradients(lower_model(ours), params, feeds), gradients(theirs, params, feeds)
     # relative to the tensor's largest element, with a floor of 1e-3 of the model's largest gradient: a
     # gradient that is zero in exact arithmetic (an attention key's bias) is float noise in both
     floor = 1e-3 * max(np.abs(b[p]).max() for p in params)

@@ -17,9 +17,10 @@ from onnx import TensorProto, helper, numpy_helper
 from onnx_builder import model, node, save
 
 from roam_cli.backward.graph import gradient_model
-from roam_cli.backward.step import standard, training_model
+from roam_cli.backward.step import training_model
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend.optimizer_graph import gradient_accumulators
+from roam_cli.lower import lower_model
 
 FIXTURES = ROOT / "tests" / "fixtures"
 
@@ -105,7 +106,7 @@ def test_sample_gradients_equal_onnx_runtime_artifacts_within_1e_4():
         feeds[i.name] = (rng.integers(0, 64, shape).astype(dtype) if dtype == np.int64 else
                          np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
                          (rng.standard_normal(shape) * 0.2).astype(dtype))
-    a, b = gradients(standard(ours), params, feeds), gradients(theirs, params, feeds)
+    a, b = gradients(lower_model(ours), params, feeds), gradients(theirs, params, feeds)
     floor = 1e-3 * max(np.abs(g).max() for g in b.values())
     for p in params:
         assert np.abs(a[p] - b[p]).max() <= 1e-4 * max(np.abs(b[p]).max(), floor), p
@@ -250,7 +251,7 @@ def test_cross_entropy_finds_the_class_axis(labels, expected_axis):
     step, _ = training_model(m, ["x"], [], "cross-entropy")
     so = ort.SessionOptions()
     so.log_severity_level = 3
-    s = ort.InferenceSession(standard(step).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    s = ort.InferenceSession(lower_model(step).SerializeToString(), so, providers=["CPUExecutionProvider"])
     feeds = {"x": logits, "labels": label_values, "x_grad.accumulation.buffer": np.zeros_like(logits),
              "lazy_reset_grad": np.array([True])}
     loss = s.run(["loss"], feeds)[0]
@@ -361,7 +362,7 @@ def test_fixture_gradients_equal_the_artifacts_routes_within_1e_4(name, loss):
                          np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
                          np.ones(shape, dtype) if i.name.endswith("running_var") else
                          (rng.standard_normal(shape) * 0.1).astype(dtype))
-    a, b = gradients(standard(ours), chosen.trainable, feeds), gradients(theirs, chosen.trainable, feeds)
+    a, b = gradients(lower_model(ours), chosen.trainable, feeds), gradients(theirs, chosen.trainable, feeds)
     floor = 1e-3 * max(np.abs(g).max() for g in b.values())  # a gradient zero in exact arithmetic is noise
     for p in chosen.trainable:
         assert np.abs(a[p] - b[p]).max() <= 1e-4 * max(np.abs(b[p]).max(), floor), p

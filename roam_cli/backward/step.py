@@ -2,8 +2,8 @@
 graph so that `optimizer_graph.full_step`, plans, checkpoints and `roam train` see the same names:
 parameters (trainable and frozen) are graph inputs, each gradient `<param>_grad` is added into
 `<param>_grad.accumulation.buffer` by an InPlaceAccumulatorV2 reset by `lazy_reset_grad`, and
-the outputs are the loss and `<param>_grad.accumulation.out`. `training_graph.standard` writes
-either form (this graph, or the full step made from it) in standard ONNX."""
+the outputs are the loss and `<param>_grad.accumulation.out`. `training_graph.make` lowers either
+form (this graph, or the full step made from it) to standard ONNX before writing it."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from roam_cli.backward.engine import static_types
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.backward.rewrite import fuse_gelu, inactive_dropouts_to_identity
-from roam_cli.frontend.training_graph import Artifacts, Survey, standard  # noqa: F401 (standard: the last step)
+from roam_cli.frontend.training_graph import Artifacts, Survey
 
 LAZY_RESET = "lazy_reset_grad"
 
