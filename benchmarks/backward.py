@@ -33,8 +33,8 @@ from roam_cli.backward.step import training_model
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend import training_graph
 from roam_cli.frontend.onnx_import import load_model
-from roam_cli.lower import lower_model
 from roam_cli.frontend.optimizer_graph import full_step
+from roam_cli.lower import lower_model
 
 FIXTURES = [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")]
 KIB = 1024

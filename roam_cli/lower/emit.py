@@ -9,7 +9,6 @@ from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 
-
 BOOLEAN = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
 
 
