@@ -9,6 +9,8 @@ from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 
+# ops whose output's element type is not their first input's (and not a tensor's, for sequences)
+UNTYPED = {"Loop", "If", "Scan", "ConstantOfShape", "SequenceAt", "SequenceEmpty", "SequenceInsert", "SequenceLength"}
 BOOLEAN = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
 
 
@@ -137,6 +139,8 @@ class Emit:
             return onnx.TensorProto.BOOL
         if op_type in ("Shape", "Size"):
             return onnx.TensorProto.INT64
+        if op_type in UNTYPED:
+            return None
         data = inputs[1] if op_type == "Where" else next((x for x in inputs if x), None)
         return self.ctx.dtype(data) if data else None
 
