@@ -138,6 +138,12 @@ def test_cast_like_is_a_cast_to_the_second_inputs_type(dtype):
     assert [(n.op_type, helper.get_attribute_value(n.attribute[0])) for n in lowered.graph.node] == [("Cast", dtype)]
 
 
+def test_hard_swish_is_x_times_hard_sigmoid():
+    feeds = {"x": f32(3, 8, scale=4.0)}
+    lowered = check(single("HardSwish", feeds, ["out"], domain=""), feeds)
+    assert [n.op_type for n in lowered.graph.node] == ["HardSigmoid", "Mul"]
+
+
 @pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("ignore", [None, 2, -100])

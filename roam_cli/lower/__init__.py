@@ -68,6 +68,7 @@ RULES = {
     (MS, "SGDOptimizerV2"): optimizers.sgd_v2,
     # standard ops that ONNX defines as functions and onnxruntime runs only expanded, out of plan order
     (ONNX, "CastLike"): functions.cast_like,
+    (ONNX, "HardSwish"): functions.hard_swish,
     (ONNX, "SoftmaxCrossEntropyLoss"): functions.softmax_cross_entropy_loss,
     (ONNX, "NegativeLogLikelihoodLoss"): functions.negative_log_likelihood_loss,
 }

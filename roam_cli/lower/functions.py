@@ -9,6 +9,12 @@ def cast_like(e):
     e.cast_like(e.input(0), e.input(1), out=e.output(0), saturate=e.attr("saturate"))
 
 
+def hard_swish(e):
+    """x * HardSigmoid(x) with alpha 1/6, beta 1/2 (ONNX's definition)."""
+    x = e.input(0)
+    e.op("Mul", x, e.op("HardSigmoid", x, alpha=1 / 6, beta=0.5), out=e.output(0))
+
+
 def softmax_cross_entropy_loss(e):
     """LogSoftmax over the class axis (the optional output log_prob), then the NLL loss of it."""
     log_prob = e.op("LogSoftmax", e.input(0), out=e.output(1), axis=1)
