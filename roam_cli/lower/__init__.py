@@ -93,8 +93,8 @@ def rule_for(node: onnx.NodeProto):
 
 def nonstandard_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
     """The nodes, subgraphs' included, that are not standard ONNX, or that ONNX Runtime's inference
-    builds do not run as kernels (BatchNormalization's training form; CastLike and the losses, which
-    ONNX defines as functions)."""
+    builds do not run as kernels (BatchNormalization's training form; CastLike, HardSwish and the
+    losses, which ONNX defines as functions)."""
     return [n for n in (*model.graph.node, *subgraph_nodes(model.graph)) if nonstandard(n)]
 
 
