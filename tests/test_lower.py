@@ -129,6 +129,51 @@ def test_softmax_cross_entropy_loss_grad(reduction, ignore, weighted, shape):
                  out_types={"d_logits": (TensorProto.FLOAT, shape)}, **attrs), feeds)
 
 
+# --- standard function ops without a kernel in onnxruntime ------------------------------------
+
+@pytest.mark.parametrize("dtype", [TensorProto.FLOAT16, TensorProto.DOUBLE, TensorProto.INT64])
+def test_cast_like_is_a_cast_to_the_second_inputs_type(dtype):
+    feeds = {"x": f32(3, 4, scale=3.0), "like": np.zeros(2, helper.tensor_dtype_to_np_dtype(dtype))}
+    lowered = check(single("CastLike", feeds, ["out"], domain="", out_types={"out": (dtype, [3, 4])}), feeds)
+    assert [(n.op_type, helper.get_attribute_value(n.attribute[0])) for n in lowered.graph.node] == [("Cast", dtype)]
+
+
+def test_hard_swish_is_x_times_hard_sigmoid():
+    feeds = {"x": f32(3, 8, scale=4.0)}
+    lowered = check(single("HardSwish", feeds, ["out"], domain=""), feeds)
+    assert [n.op_type for n in lowered.graph.node] == ["HardSigmoid", "Mul"]
+
+
+@pytest.mark.parametrize("op", ["SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"])
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("ignore", [None, 2, -100])
+@pytest.mark.parametrize("weighted", [False, True])
+@pytest.mark.parametrize("shape", [(6, 5), (3, 5, 4), (2, 4, 3, 2)])
+def test_loss_functions_as_kernel_ops(op, reduction, ignore, weighted, shape):
+    """Against onnxruntime's expansion of ONNX's function; the loss and, for the softmax form, the
+    optional log_prob output."""
+    label = rng.integers(0, shape[1], (shape[0], *shape[2:])).astype(np.int64)
+    label.flat[0] = 2 if ignore == 2 else -100 if ignore == -100 else label.flat[0]  # one ignored label
+    label.flat[-1] = 1  # and one that counts
+    feeds = {"x": f32(*shape), "label": label}
+    if weighted:
+        feeds["weight"] = np.abs(f32(shape[1])) + 0.1
+    attrs = {"reduction": reduction} if ignore is None else {"reduction": reduction, "ignore_index": ignore}
+    loss_shape = list(label.shape) if reduction == "none" else []
+    outputs = ["loss", "log_prob"] if op == "SoftmaxCrossEntropyLoss" else ["loss"]
+    lowered = check(single(op, feeds, outputs, domain="", out_types={"loss": (TensorProto.FLOAT, loss_shape)},
+                           **attrs), feeds)
+    ops = {n.op_type for n in lowered.graph.node}
+    assert not ops & {op, "NegativeLogLikelihoodLoss", "CastLike", "OneHot"}
+    assert all(n.name.startswith("fused/") for n in lowered.graph.node)
+
+
+def test_softmax_cross_entropy_loss_without_log_prob_output():
+    feeds = {"x": f32(4, 3), "label": np.array([0, 2, 1, 1], np.int64)}
+    check(single("SoftmaxCrossEntropyLoss", feeds, ["loss"], domain="", out_types={"loss": (TensorProto.FLOAT, [])}),
+          feeds)
+
+
 # --- normalisations ----------------------------------------------------------------------------
 
 @needs_ort_training
@@ -395,6 +440,29 @@ def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, outputs, loss = proc.stdout.split()
     assert version.startswith("1.") and int(outputs) == 57 and np.isfinite(float(loss))
+
+
+@pytest.mark.skipif(todays_onnxruntime() is None, reason=f"no environment with today's onnxruntime ({ORT131})")
+def test_the_sample_full_step_has_only_ops_todays_onnxruntime_has_kernels_for(tmp_path):
+    """A function op without a kernel (CastLike, the losses) would run expanded, as unnamed nodes
+    outside the plan's order."""
+    step = tmp_path / "step.onnx"
+    assert roam("make-training-graph", SAMPLE, "-o", step, "--in-graph-optimizer").code == 0
+    script = (
+        "import sys, onnx\n"
+        "from onnxruntime.capi import _pybind_state as s\n"
+        "kernels = {(k.domain or 'ai.onnx', k.op_name) for k in s.get_all_opkernel_def()"
+        " if k.provider == 'CPUExecutionProvider'}\n"
+        "def nodes(g):\n"
+        "    for n in g.node:\n"
+        "        yield n\n"
+        "        for a in n.attribute:\n"
+        "            yield from (x for sub in ([a.g] if a.HasField('g') else []) + list(a.graphs) for x in nodes(sub))\n"
+        "m = onnx.load(sys.argv[1], load_external_data=False)\n"
+        "print(sorted({n.op_type for n in nodes(m.graph) if (n.domain or 'ai.onnx', n.op_type) not in kernels}))\n")
+    proc = subprocess.run([todays_onnxruntime(), "-c", script, str(step)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip() == "[]"
 
 
 # --- roam lower --------------------------------------------------------------------------------

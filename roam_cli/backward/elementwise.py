@@ -48,7 +48,7 @@ def power(g):
             e = float(exponent.ravel()[0])
             slope = g.op("Mul", g.const(e, a), a) if e == 2.0 else g.op("Mul", g.const(e, a), g.op("Pow", a, g.const(e - 1, a)))
         else:
-            bb = g.op("CastLike", b, a)
+            bb = g.cast_like(b, a)
             slope = g.op("Mul", bb, g.op("Pow", a, g.op("Sub", bb, g.const(1.0, a))))
         g.give(0, g.unbroadcast(g.op("Mul", g.dy(), slope), 0))
     if g.needs(1):
@@ -127,7 +127,7 @@ def where(g):
 def extremum(g):
     """Min/Max: the gradient goes to the inputs equal to the result, shared equally on ties."""
     y, dy = g.output(0), g.dy()
-    hits = [g.op("CastLike", g.op("Equal", x, y), dy) for x in g.node.input]
+    hits = [g.cast_like(g.op("Equal", x, y), dy) for x in g.node.input]
     share = g.op("Div", dy, g.op("Sum", *hits) if len(hits) > 1 else hits[0])
     for k, hit in enumerate(hits):
         if g.needs(k):

@@ -2,8 +2,8 @@
 graph so that `optimizer_graph.full_step`, plans, checkpoints and `roam train` see the same names:
 parameters (trainable and frozen) are graph inputs, each gradient `<param>_grad` is added into
 `<param>_grad.accumulation.buffer` by an InPlaceAccumulatorV2 reset by `lazy_reset_grad`, and
-the outputs are the loss and `<param>_grad.accumulation.out`. `roam_cli.lower.lower_model` writes
-either form (this graph, or the full step made from it) in standard ONNX, as make-training-graph does."""
+the outputs are the loss and `<param>_grad.accumulation.out`. `training_graph.make` lowers either
+form (this graph, or the full step made from it) to standard ONNX before writing it."""
 
 from __future__ import annotations
 

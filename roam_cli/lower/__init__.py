@@ -21,12 +21,13 @@ from roam_cli.core.annotate import name_nodes
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.fileio import write_atomic
 from roam_cli.core.memory import INPLACE_KEY
-from roam_cli.lower import activations, grads, losses, norms, optimizers, training
+from roam_cli.lower import activations, functions, grads, losses, norms, optimizers, training
 from roam_cli.lower.emit import Emit, Lowering
 
 MS, ONNX = "com.microsoft", ""
 # (domain, op type) -> the rule writing the op's standard form (ORT registers ConvGrad and
-# MaxPoolGrad in the default domain, which ONNX does not define them in).
+# MaxPoolGrad in the default domain, which ONNX does not define them in; standard function ops
+# without a kernel in onnxruntime are written as kernel ops).
 RULES = {
     (MS, "SoftmaxCrossEntropyLossGrad"): losses.softmax_cross_entropy_loss_grad,
     (MS, "LayerNormalizationGrad"): norms.layer_norm_grad,
@@ -65,6 +66,11 @@ RULES = {
     (MS, "Scale"): training.scale,
     (MS, "AdamWOptimizer"): optimizers.adamw,
     (MS, "SGDOptimizerV2"): optimizers.sgd_v2,
+    # standard ops that ONNX defines as functions and onnxruntime runs only expanded, out of plan order
+    (ONNX, "CastLike"): functions.cast_like,
+    (ONNX, "HardSwish"): functions.hard_swish,
+    (ONNX, "SoftmaxCrossEntropyLoss"): functions.softmax_cross_entropy_loss,
+    (ONNX, "NegativeLogLikelihoodLoss"): functions.negative_log_likelihood_loss,
 }
 STANDARD_DOMAINS = ("", "ai.onnx")
 # metadata_props key of a lowered model: {"path": source relative to the model's folder, "sha256"}
@@ -86,8 +92,9 @@ def rule_for(node: onnx.NodeProto):
 
 
 def nonstandard_nodes(model: onnx.ModelProto) -> list[onnx.NodeProto]:
-    """The nodes, subgraphs' included, that are not standard ONNX (or that ONNX Runtime's
-    inference builds do not run)."""
+    """The nodes, subgraphs' included, that are not standard ONNX, or that ONNX Runtime's inference
+    builds do not run as kernels (BatchNormalization's training form; CastLike, HardSwish and the
+    losses, which ONNX defines as functions)."""
     return [n for n in (*model.graph.node, *subgraph_nodes(model.graph)) if nonstandard(n)]
 
 

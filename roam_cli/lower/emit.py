@@ -9,6 +9,10 @@ from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 
+# ops whose output's element type is not their first input's (and not a tensor's, for sequences)
+UNTYPED = {"Loop", "If", "Scan", "ConstantOfShape", "SequenceAt", "SequenceEmpty", "SequenceInsert", "SequenceLength"}
+BOOLEAN = {"Equal", "Less", "LessOrEqual", "Greater", "GreaterOrEqual", "Not", "And", "Or", "Xor", "IsNaN", "IsInf"}
+
 
 class Lowering:
     """What the rules need to know of the whole model while it is rewritten: tensor types, the
@@ -27,6 +31,7 @@ class Lowering:
         self.constants: dict[tuple, onnx.TensorProto] = {}
         self.outputs: list[onnx.ValueInfoProto] = []  # graph outputs to append (updated state)
         self.inplace: dict[str, str] = {}  # new graph output -> the state input it replaces in place
+        self.made: dict[str, int] = {}  # element types of the tensors the rules make, as they are made
 
     def claim(self, name: str) -> str:
         if name in self.taken:
@@ -47,7 +52,9 @@ class Lowering:
         t = self.types.get(name)
         if t is not None and t.elem_type:
             return t.elem_type
-        return self.initializers[name].data_type if name in self.initializers else None
+        if name in self.initializers:
+            return self.initializers[name].data_type
+        return self.made.get(name)
 
     def shape(self, name: str) -> list[int | str] | None:
         """Static dims as ints, symbolic ones as their names (None when the rank is unknown)."""
@@ -117,14 +124,41 @@ class Emit:
         outputs = out if isinstance(out, list) else [out or name]
         self.nodes.append(helper.make_node(op_type, [x or "" for x in inputs], outputs, name=name,
                                            **{k: v for k, v in attrs.items() if v is not None}))
+        dtype = self.made_dtype(op_type, inputs, attrs)
+        for o in outputs if op_type == "Split" else outputs[:1]:
+            if dtype and o not in self.ctx.made:
+                self.ctx.made[o] = dtype
         return outputs if isinstance(out, list) else outputs[0]
 
+    def made_dtype(self, op_type: str, inputs, attrs) -> int | None:
+        """The element type of a made node's first output, for the constants and casts that follow:
+        `to` of a Cast, bool of a comparison, int64 of Shape, else the data input's type."""
+        if op_type == "Cast":
+            return attrs["to"]
+        if op_type in BOOLEAN:
+            return onnx.TensorProto.BOOL
+        if op_type in ("Shape", "Size"):
+            return onnx.TensorProto.INT64
+        if op_type in UNTYPED:
+            return None
+        data = inputs[1] if op_type == "Where" else next((x for x in inputs if x), None)
+        return self.ctx.dtype(data) if data else None
+
     def const(self, value, like: str | None = None, dtype: int | None = None) -> str:
-        """A constant with `like`'s element type (or `dtype`); a CastLike when that type is unknown."""
-        dtype = dtype or (self.ctx.dtype(like) if like else None)
-        if dtype:
-            return self.ctx.const(value, dtype)
-        return self.op("CastLike", self.ctx.const(value, onnx.TensorProto.FLOAT), like)
+        """A constant with `like`'s element type (or `dtype`)."""
+        return self.ctx.const(value, dtype or self.dtype_of(like))
+
+    def cast_like(self, x: str, like: str, out: str | None = None, **attrs) -> str:
+        """x cast to `like`'s element type: a Cast, not CastLike, which runtimes run as a function
+        (onnxruntime: unnamed nodes outside the plan's order)."""
+        return self.op("Cast", x, out=out, to=self.dtype_of(like), **attrs)
+
+    def dtype_of(self, name: str) -> int:
+        dtype = self.ctx.dtype(name)
+        if not dtype:
+            raise RoamError(f"cannot lower {self.node.op_type} node {self.node.name!r}: the element type of {name!r} "
+                            "is unknown (no type information in the model)")
+        return dtype
 
     def axes(self, *axes: int) -> str:
         return self.ctx.const(list(axes), onnx.TensorProto.INT64)

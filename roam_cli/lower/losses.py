@@ -14,7 +14,7 @@ def softmax_cross_entropy_loss_grad(e):
     if ignore is not None:
         valid = e.op("Not", e.op("Equal", label, e.const(ignore, label)))
         safe = e.op("Where", valid, label, e.const(0, label))
-        per_sample = e.op("CastLike", valid, dy)
+        per_sample = e.cast_like(valid, dy)
     if weight is not None:
         w = e.op("Gather", weight, safe)
         per_sample = w if per_sample is None else e.op("Mul", w, per_sample)

@@ -26,7 +26,7 @@ def dropout_grad(e):
     dy, mask, ratio = e.input(0), e.input(1), e.input(2)
     r = 0.5 if ratio is None else e.ctx.constant_value(ratio)
     if r is None:  # computed at run time
-        scale = e.op("Div", e.const(1.0, dy), e.op("Sub", e.const(1.0, dy), e.op("CastLike", ratio, dy)))
+        scale = e.op("Div", e.const(1.0, dy), e.op("Sub", e.const(1.0, dy), e.cast_like(ratio, dy)))
         dy = e.op("Mul", dy, scale)
     elif float(r) == 0.0:
         e.op("Identity", dy, out=e.output(0))
@@ -57,5 +57,5 @@ def split_training(e):
 def scale(e):
     """input * scale, or input / scale with scale_down."""
     x = e.input(0)
-    factor = e.op("CastLike", e.input(1), x)
+    factor = e.cast_like(e.input(1), x)
     e.op("Div" if e.attr("scale_down", 0) else "Mul", x, factor, out=e.output(0))
