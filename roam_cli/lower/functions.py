@@ -3,6 +3,8 @@ it expands them at session load into unnamed nodes that it runs outside the plan
 here as named kernel ops. The losses hold what the function holds (log-probabilities, then
 per-sample values; no one-hot)."""
 
+from roam_cli.lower.losses import label_weights
+
 
 def cast_like(e):
     """Cast to the second input's element type, known statically."""
@@ -26,17 +28,7 @@ def negative_log_likelihood_loss(e, log_prob: str | None = None):
     label is ignore_index; reduction none, sum, or mean = sum / sum of w (the valid count when
     unweighted). Inputs [N, C, d...], label [N, d...], weight [C] (optional)."""
     log_prob = log_prob or e.input(0)
-    label, weight = e.input(1), e.input(2)
-    reduction, ignore = e.attr("reduction", b"mean"), e.attr("ignore_index")
-    reduction = reduction.decode() if isinstance(reduction, bytes) else reduction
-    safe, per_sample = label, None  # per_sample: w[label], zero where ignored
-    if ignore is not None:
-        valid = e.op("Not", e.op("Equal", label, e.const(ignore, label)))
-        safe = e.op("Where", valid, label, e.const(0, label))
-        per_sample = e.cast_like(valid, log_prob)
-    if weight is not None:
-        w = e.op("Gather", weight, safe)
-        per_sample = w if per_sample is None else e.op("Mul", w, per_sample)
+    reduction, safe, per_sample = label_weights(e, e.input(1), e.input(2), log_prob)
     column = e.axes(1)
     picked = e.op("Squeeze", e.op("GatherElements", log_prob, e.op("Unsqueeze", safe, column), axis=1), column)
     loss = e.op("Neg", picked, out=e.output(0) if reduction == "none" and per_sample is None else None)
