@@ -90,6 +90,21 @@ def gradients(m: onnx.ModelProto, params, feeds) -> dict:
     return dict(zip(params, s.run([f"{p}_grad" for p in params], {k: v for k, v in feeds.items() if k in names})))
 
 
+def random_feeds(graph: onnx.GraphProto, labels: int, scale: float) -> dict:
+    """Inputs for both routes' training graphs: ids and labels below `labels`, zero accumulators and
+    flags, unit running variances, small normal values elsewhere."""
+    rng = np.random.default_rng(0)
+    feeds = {}
+    for i in graph.input:
+        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
+        feeds[i.name] = (rng.integers(0, labels, shape).astype(dtype) if dtype == np.int64 else
+                         np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
+                         np.ones(shape, dtype) if i.name.endswith("running_var") else
+                         (rng.standard_normal(shape) * scale).astype(dtype))
+    return feeds
+
+
 @needs_ort_training
 def test_sample_gradients_equal_onnx_runtime_artifacts_within_1e_4():
     theirs = without_dropout(onnx.load(str(SAMPLE)))
@@ -97,14 +112,7 @@ def test_sample_gradients_equal_onnx_runtime_artifacts_within_1e_4():
     forward = without_dropout(onnx.load(str(SAMPLE.parent / "eval_model.onnx")))
     ours, unreached = training_model(forward, params, [], "none")
     assert unreached == []
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for i in theirs.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-        feeds[i.name] = (rng.integers(0, 64, shape).astype(dtype) if dtype == np.int64 else
-                         np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
-                         (rng.standard_normal(shape) * 0.2).astype(dtype))
+    feeds = random_feeds(theirs.graph, labels=64, scale=0.2)
     a, b = gradients(lower_model(ours), params, feeds), gradients(theirs, params, feeds)
     floor = 1e-3 * max(np.abs(g).max() for g in b.values())
     for p in params:
@@ -352,15 +360,7 @@ def test_fixture_gradients_equal_the_artifacts_routes_within_1e_4(name, loss):
     theirs = training_graph.build(forward, chosen, loss, None).training
     ours, unreached = training_model(forward, chosen.trainable, chosen.frozen, loss)
     assert unreached == []
-    rng = np.random.default_rng(0)
-    feeds = {}
-    for i in theirs.graph.input:
-        shape = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        dtype = helper.tensor_dtype_to_np_dtype(i.type.tensor_type.elem_type)
-        feeds[i.name] = (rng.integers(0, 10, shape).astype(dtype) if dtype == np.int64 else
-                         np.zeros(shape, dtype) if dtype == np.bool_ or "accumulation" in i.name else
-                         np.ones(shape, dtype) if i.name.endswith("running_var") else
-                         (rng.standard_normal(shape) * 0.1).astype(dtype))
+    feeds = random_feeds(theirs.graph, labels=10, scale=0.1)
     a, b = gradients(lower_model(ours), chosen.trainable, feeds), gradients(theirs, chosen.trainable, feeds)
     floor = 1e-3 * max(np.abs(g).max() for g in b.values())  # a gradient zero in exact arithmetic is noise
     for p in chosen.trainable:
