@@ -10,7 +10,6 @@ import onnxruntime as ort
 
 from roam_cli.core.annotate import set_meta
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.core.memory import RECOMPUTE_KEY
 from roam_cli.frontend.onnx_import import external_data_files, load_model
 from roam_cli.frontend.providers import PROVIDERS, check_device, check_runs, check_started
 
@@ -31,7 +30,9 @@ EXTERNAL_MIN_BYTES = 1024
 FUSIONS = ["GemmSumFusion", "GemmTransposeFusion", "MatMulAddFusion", "MatmulBNFusion", "DivMulFusion",
            "NotWhereFusion", "PadFusion", "ReshapeFusion", "GeluFusion", "LayerNormFusion", "FuseReluClip",
            "ConvAddFusion", "ConvMulFusion", "ConvBNFusion", "TransposeOptimizer"]
-# ORT's optimizer that merges nodes computing the same thing: it would undo recomputation.
+# ORT's optimizer that merges nodes computing the same thing: the merged node runs where the first
+# one stood, out of the plan's order (a lowered loss and its gradient both unsqueeze the labels), and
+# it would undo recomputation.
 MERGES_COPIES = "CommonSubexpressionElimination"
 
 
@@ -44,14 +45,12 @@ def planned_optimizations(model: onnx.ModelProto) -> SessionOptimizations:
     """The graph optimisations a session (with PRIORITY_BASED order) must run `model`, an annotated
     model, with so that it follows the plan. A model planned after ORT's optimisations (METADATA_KEY
     in its metadata) gets none: they are done, and another pass would fold or fuse nodes behind the
-    plan's back. Any other model gets the basic level without the ones that make nodes (FUSIONS),
-    and, when roam added recomputing copies (RECOMPUTE_KEY), without the one that would merge each
-    copy back into its original (common subexpressions)."""
+    plan's back. Any other model gets the basic level without the ones that make nodes (FUSIONS)
+    and the one that merges nodes (common subexpressions, MERGES_COPIES)."""
     keys = {kv.key for kv in model.metadata_props}
     if METADATA_KEY in keys:
         return SessionOptimizations(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, [])
-    merging = [MERGES_COPIES] if RECOMPUTE_KEY in keys else []
-    return SessionOptimizations(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, FUSIONS + merging)
+    return SessionOptimizations(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, FUSIONS + [MERGES_COPIES])
 
 
 def record(level: str, provider: str) -> dict:
