@@ -14,7 +14,8 @@ value either). For each model, in `<out>/<model>/`:
   `roam_cli.frontend.torch_export` (torch.onnx dynamo exporter; every parameter survives as an
   initializer pointing into `weights.bin`, which is never written);
 - `training_model.onnx`, `optimizer_model.onnx`: `roam make-training-graph forward.onnx
-  --loss ...` (ONNX Runtime artifacts: forward, loss, backward, gradient accumulation; AdamW);
+  --loss ... --backend ort-artifacts --fused` (ONNX Runtime artifacts as ORT writes them, its
+  fused ops kept: forward, loss, backward, gradient accumulation; AdamW);
 - `full_step.onnx`: the same with `--in-graph-optimizer` (one graph: forward, backward, AdamW);
 - `model.json`: the model's row of the table below (sizes, parameters, nodes, seconds).
 
@@ -164,10 +165,10 @@ def make(spec: Model, out: Path, meta: bool = True) -> dict:
 
     t = time.time()
     made = training_graph.make(forward, folder / "training_model.onnx", loss=loss,
-                               optimizer_path=folder / "optimizer_model.onnx")
+                               optimizer_path=folder / "optimizer_model.onnx", fused=True)
     artifacts_s = time.time() - t
     t = time.time()
-    training_graph.make(forward, folder / "full_step.onnx", loss=loss, in_graph=True)
+    training_graph.make(forward, folder / "full_step.onnx", loss=loss, in_graph=True, fused=True)
     full_s = time.time() - t
     found = made.survey
     expected = (len(params), sum(p.numel() for p in params))
