@@ -12,6 +12,8 @@ A module built under `torch.device("meta")` exports without weights: no paramete
 exists, and each parameter becomes an external-data initializer pointing into a file that is
 never written (planning and gradient building never read it). Its buffers (position ids,
 BatchNorm statistics) are small; they are materialised with the model's own initialiser.
+Constants the forward itself creates on the meta device (GPT-2's attention mask value) have no
+value either: they are kept as unfolded external-data buffers like the parameters.
 
 Needs torch, onnxscript and onnx_ir (the `bench` extra); imported only by the suite generator
 and `sample_models/make_gpt2_tiny.py`."""
@@ -94,10 +96,15 @@ def export(module, args: tuple, input_names: list[str], output_names: list[str],
     param_names, buffer_names = canonical_names(module, prefix)
     g = prog.model.graph
     lifted = []  # lifted to graph inputs so the exporter's optimizer can neither fold nor merge them
+    unknown = set()  # constants the forward made on the meta device (GPT-2's mask value): no value exists
     for name in list(g.initializers.keys()):
         final = param_names.get(name) or buffer_names.get(name)
         if final is None:
-            continue
+            if getattr(getattr(g.initializers[name].const_value, "raw", None), "is_meta", False):
+                unknown.add(name)
+                final = name
+            else:
+                continue
         v = g.initializers.pop(name)
         v.const_value = None
         v.name = final
@@ -126,8 +133,8 @@ def export(module, args: tuple, input_names: list[str], output_names: list[str],
     weightless = False
     inits = []
     for name, dims, dtype in specs:
-        source = tensors[name] if name in tensors else buffer_tensors[name]
-        if name in tensors and source.is_meta:
+        source = tensors.get(name, buffer_tensors.get(name))
+        if name in unknown or (name in tensors and source.is_meta):
             inits.append(external_tensor(name, dims, dtype, data_file, offset))
             offset += -(-external_bytes(dims, dtype) // PAGE) * PAGE
             weightless = True
