@@ -1,0 +1,158 @@
+"""The least-compute schedule that fits a budget: orders from roam's ordering, then eviction with
+recomputation, searched until the time limit.
+
+1. Without recomputation the best a schedule can do is the least peak of any topological order:
+   roam's ordering (`order.roam`) finds it (or bounds it) with the graph's nodes as buffers. If
+   it fits, the schedule computes every node once: optimal, as no schedule computes less.
+2. Otherwise each candidate order is replayed under the budget (`replay`): values are held while
+   a later node of the order reads them; when a step would overflow, held values the step does
+   not read are dropped, the one whose loss costs least first (recompute time per byte, per step
+   until its next read); a read of a dropped value recomputes it, and recursively what it reads.
+   Dropping is retroactive under Moccasin's accounting: a dropped value's lifetime simply ends at
+   its last read so far, so no earlier step grows.
+3. The replays vary the eviction weights and break ties at random (seeded); the least total
+   compute wins, and the result is proven optimal only when it is the baseline (every node
+   once)."""
+
+import random
+import sys
+import time
+from dataclasses import dataclass
+
+from roam_cli.order import roam as roam_order
+from roam_cli.order.greedy import SCHEDULERS
+from roam_cli.order.problem import Buffer, Problem, peak as order_peak
+from roam_cli.remat.graph import Graph, cost
+
+ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
+WEIGHTS = [(1.0, 1.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (1.0, 2.0, 0.0), (2.0, 1.0, 0.0), (0.5, 1.0, 0.0)]
+NOISE = 0.3  # relative random perturbation of the eviction score in the random replays
+
+
+@dataclass
+class Result:
+    schedule: list[int]  # node indices, a repeat is a recomputation
+    peak: int
+    compute: int
+    optimal: bool
+    min_peak_order: int  # the least peak found without recomputation
+    replays: int
+
+
+class Overflow(Exception):
+    """The replay reached a step that cannot fit: everything it could drop is already dropped."""
+
+
+def problem_of(graph: Graph) -> Problem:
+    succs = graph.succs
+    return Problem(graph.preds, tuple(Buffer(graph.ram[v], (v,), succs[v]) for v in range(graph.n)))
+
+
+def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, float, float],
+           rng: random.Random | None) -> list[int]:
+    """The schedule of `order` under `budget`, recomputing dropped values where read; Overflow if
+    a step cannot fit. weights = (exponent of the value's recompute time, of the distance to its
+    next read, noise)."""
+    succs, preds, ram, cpu = graph.succs, graph.preds, graph.ram, graph.cpu
+    pos = {v: i for i, v in enumerate(order)}
+    readers = [sorted(s, key=pos.__getitem__) for s in succs]  # first-computation order
+    nxt = [0] * graph.n  # index into readers[u] of u's next unrun reader
+    left = [len(s) for s in succs]
+    live: set[int] = set()
+    live_bytes = 0
+    schedule: list[int] = []
+    now = 0
+    a, b, noise = weights
+
+    def score(x: int) -> float:
+        distance = pos[readers[x][nxt[x]]] - now if nxt[x] < len(readers[x]) else graph.n
+        redo = cpu[x] + sum(cpu[p] for p in preds[x] if p not in live) + 1
+        s = redo ** a / (ram[x] + 1) / distance ** b
+        return s * (1 + noise * rng.random()) if rng else s
+
+    def drop(x: int) -> None:
+        nonlocal live_bytes
+        live.discard(x)
+        live_bytes -= ram[x]
+
+    def compute(v: int, pinned: frozenset) -> None:
+        nonlocal live_bytes
+        keep = pinned | set(preds[v])
+        for u in sorted(preds[v], key=pos.__getitem__):
+            if u not in live:
+                compute(u, keep)
+        while live_bytes + ram[v] > budget:
+            victims = [x for x in live if x not in keep]
+            if not victims:
+                raise Overflow
+            drop(min(victims, key=score))
+        schedule.append(v)
+        live.add(v)
+        live_bytes += ram[v]
+        for u in preds[v]:  # recomputed inputs that no later node of the order reads go
+            if left[u] == 0 and u not in pinned and u in live:
+                drop(u)
+
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(limit, 4 * graph.n + 100))
+    try:
+        for now, v in enumerate(order):
+            compute(v, frozenset())
+            for u in preds[v]:
+                left[u] -= 1
+                nxt[u] += 1
+                if left[u] == 0 and u in live:
+                    drop(u)
+            if left[v] == 0:
+                drop(v)
+    finally:
+        sys.setrecursionlimit(limit)
+    return schedule
+
+
+def candidate_orders(graph: Graph, deadline: float) -> tuple[dict[str, list[int]], int]:
+    """Topological orders to replay ({name: order}, the least peak among them): the given one,
+    XLA's list and DFS schedulers, and roam's least-peak order."""
+    problem = problem_of(graph)
+    orders = {"given": list(graph.order)}
+    orders.update({name: scheduler(problem) for name, scheduler in SCHEDULERS.items()})
+    found, _ = roam_order.order(problem, dict(orders), deadline)
+    orders["roam"] = found
+    return orders, min(order_peak(problem, o) for o in orders.values())
+
+
+def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result | None:
+    """The least-compute schedule found within `time_limit` seconds, None when no replay fits."""
+    start = time.perf_counter()
+    deadline = start + time_limit
+    orders, least = candidate_orders(graph, start + ORDER_SHARE * time_limit)
+    baseline = sum(graph.cpu)
+    best: Result | None = None
+    replays = 0
+
+    def consider(order: list[int], weights, rng) -> None:
+        nonlocal best, replays
+        replays += 1
+        try:
+            schedule = replay(graph, order, budget, weights, rng)
+        except Overflow:
+            return
+        peak, compute = cost(graph, schedule)
+        if peak <= budget and (best is None or (compute, peak) < (best.compute, best.peak)):
+            best = Result(schedule, peak, compute, compute == baseline, least, 0)
+
+    for order in sorted(orders.values(), key=lambda o: order_peak(problem_of(graph), o)):
+        for weights in WEIGHTS:
+            consider(order, weights, None)
+            if best is not None and best.optimal:
+                break
+        if best is not None and best.optimal:
+            break
+    rng = random.Random(seed)
+    names = sorted(orders)
+    while (best is None or not best.optimal) and time.perf_counter() < deadline:
+        a, b, _ = rng.choice(WEIGHTS)
+        consider(orders[rng.choice(names)], (a, b, NOISE), rng)
+    if best is not None:
+        best.replays = replays
+    return best
