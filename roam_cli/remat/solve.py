@@ -25,8 +25,10 @@ from roam_cli.order.problem import Buffer, Problem, peak as order_peak
 from roam_cli.remat.graph import Graph, cost
 
 ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
-WEIGHTS = [(1.0, 1.0, 0.0), (1.0, 0.0, 0.0), (0.0, 1.0, 0.0), (1.0, 2.0, 0.0), (2.0, 1.0, 0.0), (0.5, 1.0, 0.0)]
-NOISE = 0.3  # relative random perturbation of the eviction score in the random replays
+WEIGHTS = [(3.0, 1.0, 0.0), (4.0, 1.0, 0.0), (2.0, 1.0, 0.0), (3.0, 0.5, 0.0), (6.0, 1.0, 0.0), (1.0, 1.0, 0.0)]
+STEP_CAP = 4  # a replay longer than this many times the node count is thrashing: given up
+NOISE = 0.3
+REDO_REACH = 8  # relative random perturbation of the eviction score in the random replays
 
 
 @dataclass
@@ -40,7 +42,8 @@ class Result:
 
 
 class Overflow(Exception):
-    """The replay reached a step that cannot fit: everything it could drop is already dropped."""
+    """The replay reached a step that cannot fit (everything it could drop is already dropped), or
+    spent more compute than `limit` (a better schedule is known, or it thrashes)."""
 
 
 def problem_of(graph: Graph) -> Problem:
@@ -49,10 +52,10 @@ def problem_of(graph: Graph) -> Problem:
 
 
 def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, float, float],
-           rng: random.Random | None) -> list[int]:
+           rng: random.Random | None, limit: int) -> list[int]:
     """The schedule of `order` under `budget`, recomputing dropped values where read; Overflow if
-    a step cannot fit. weights = (exponent of the value's recompute time, of the distance to its
-    next read, noise)."""
+    a step cannot fit or the compute reaches `limit`. weights = (exponent of the value's recompute
+    time, of the distance to its next read, noise)."""
     succs, preds, ram, cpu = graph.succs, graph.preds, graph.ram, graph.cpu
     pos = {v: i for i, v in enumerate(order)}
     readers = [sorted(s, key=pos.__getitem__) for s in succs]  # first-computation order
@@ -61,14 +64,33 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
     live: set[int] = set()
     live_bytes = 0
     schedule: list[int] = []
+    spent = 0
     now = 0
     a, b, noise = weights
 
-    def score(x: int) -> float:
-        distance = pos[readers[x][nxt[x]]] - now if nxt[x] < len(readers[x]) else graph.n
-        redo = cpu[x] + sum(cpu[p] for p in preds[x] if p not in live) + 1
-        s = redo ** a / (ram[x] + 1) / distance ** b
-        return s * (1 + noise * rng.random()) if rng else s
+    def redo(x: int) -> float:
+        """Compute to get x back: x and every dropped value it needs, recursively (DTR's evicted
+        neighbourhood); past REDO_REACH values it counts as unaffordable."""
+        seen, todo, total = {x}, [x], 0
+        while todo:
+            y = todo.pop()
+            total += cpu[y]
+            for p in preds[y]:
+                if p not in live and p not in seen:
+                    if len(seen) >= REDO_REACH:
+                        return float("inf")
+                    seen.add(p)
+                    todo.append(p)
+        return total + 1
+
+    def score(x: int) -> tuple[bool, float]:
+        """Lowest goes first: values no later node of the order reads (a cache for recomputations,
+        free to drop), then the cheapest loss."""
+        if left[x] == 0:
+            return False, -ram[x]
+        distance = pos[readers[x][nxt[x]]] - now
+        s = redo(x) ** a / (ram[x] + 1) / distance ** b
+        return True, s * (1 + noise * rng.random()) if rng else s
 
     def drop(x: int) -> None:
         nonlocal live_bytes
@@ -76,7 +98,7 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
         live_bytes -= ram[x]
 
     def compute(v: int, pinned: frozenset) -> None:
-        nonlocal live_bytes
+        nonlocal live_bytes, spent
         keep = pinned | set(preds[v])
         for u in sorted(preds[v], key=pos.__getitem__):
             if u not in live:
@@ -86,27 +108,23 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
             if not victims:
                 raise Overflow
             drop(min(victims, key=score))
+        spent += cpu[v]
+        if spent >= limit or len(schedule) > STEP_CAP * graph.n:
+            raise Overflow
         schedule.append(v)
         live.add(v)
         live_bytes += ram[v]
-        for u in preds[v]:  # recomputed inputs that no later node of the order reads go
-            if left[u] == 0 and u not in pinned and u in live:
-                drop(u)
 
-    limit = sys.getrecursionlimit()
-    sys.setrecursionlimit(max(limit, 4 * graph.n + 100))
+    depth = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(depth, 4 * graph.n + 100))
     try:
         for now, v in enumerate(order):
             compute(v, frozenset())
             for u in preds[v]:
                 left[u] -= 1
                 nxt[u] += 1
-                if left[u] == 0 and u in live:
-                    drop(u)
-            if left[v] == 0:
-                drop(v)
     finally:
-        sys.setrecursionlimit(limit)
+        sys.setrecursionlimit(depth)
     return schedule
 
 
@@ -134,20 +152,20 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
         nonlocal best, replays
         replays += 1
         try:
-            schedule = replay(graph, order, budget, weights, rng)
+            limit = best.compute if best is not None else STEP_CAP * baseline + 1
+            schedule = replay(graph, order, budget, weights, rng, limit)
         except Overflow:
             return
         peak, compute = cost(graph, schedule)
         if peak <= budget and (best is None or (compute, peak) < (best.compute, best.peak)):
             best = Result(schedule, peak, compute, compute == baseline, least, 0)
 
-    for order in sorted(orders.values(), key=lambda o: order_peak(problem_of(graph), o)):
+    problem = problem_of(graph)
+    for order in sorted(orders.values(), key=lambda o: order_peak(problem, o)):
         for weights in WEIGHTS:
-            consider(order, weights, None)
-            if best is not None and best.optimal:
+            if (best is not None and best.optimal) or time.perf_counter() > deadline:
                 break
-        if best is not None and best.optimal:
-            break
+            consider(order, weights, None)
     rng = random.Random(seed)
     names = sorted(orders)
     while (best is None or not best.optimal) and time.perf_counter() < deadline:
