@@ -10,9 +10,9 @@ recomputation, searched until the time limit.
    until its next read); a read of a dropped value recomputes it, and recursively what it reads.
    Dropping is retroactive under Moccasin's accounting: a dropped value's lifetime simply ends at
    its last read so far, so no earlier step grows.
-3. The replays vary the eviction weights and break ties at random (seeded); the least total
-   compute wins, and the result is proven optimal only when it is the baseline (every node
-   once)."""
+3. The replays vary the eviction weights and break ties at random (seeded) until the time
+   limit, or until the best stops improving (`stale_at`); the least total compute wins, and the
+   result is proven optimal only when it is the baseline (every node once)."""
 
 import random
 import sys
@@ -28,7 +28,8 @@ ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
 WEIGHTS = [(3.0, 1.0, 0.0), (4.0, 1.0, 0.0), (2.0, 1.0, 0.0), (3.0, 0.5, 0.0), (6.0, 1.0, 0.0), (1.0, 1.0, 0.0)]
 STEP_CAP = 4  # a replay longer than this many times the node count is thrashing: given up
 NOISE = 0.3
-REDO_REACH = 8  # relative random perturbation of the eviction score in the random replays
+REDO_REACH = 8
+STALE_SECONDS = 5.0  # relative random perturbation of the eviction score in the random replays
 
 
 @dataclass
@@ -147,9 +148,15 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
     baseline = sum(graph.cpu)
     best: Result | None = None
     replays = 0
+    improved = start  # when the best last improved
+
+    def stale_at() -> float:
+        """The random replays stop once the best has not improved for as long as it took to find
+        it (and at least STALE_SECONDS)."""
+        return improved + max(STALE_SECONDS, improved - start) if best is not None else deadline
 
     def consider(order: list[int], weights, rng) -> None:
-        nonlocal best, replays
+        nonlocal best, replays, improved
         replays += 1
         try:
             limit = best.compute if best is not None else STEP_CAP * baseline + 1
@@ -159,6 +166,7 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
         peak, compute = cost(graph, schedule)
         if peak <= budget and (best is None or (compute, peak) < (best.compute, best.peak)):
             best = Result(schedule, peak, compute, compute == baseline, least, 0)
+            improved = time.perf_counter()
 
     problem = problem_of(graph)
     for order in sorted(orders.values(), key=lambda o: order_peak(problem, o)):
@@ -168,7 +176,7 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
             consider(order, weights, None)
     rng = random.Random(seed)
     names = sorted(orders)
-    while (best is None or not best.optimal) and time.perf_counter() < deadline:
+    while (best is None or not best.optimal) and time.perf_counter() < min(deadline, stale_at()):
         a, b, _ = rng.choice(WEIGHTS)
         consider(orders[rng.choice(names)], (a, b, NOISE), rng)
     if best is not None:
