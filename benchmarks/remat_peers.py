@@ -125,7 +125,7 @@ def run_moccasin(python: Path, src: Path, graph: Path, fraction: float, seconds:
     try:
         run = subprocess.run([str(python), str(src.parent / "driver.py"), str(src), str(graph), str(fraction),
                               str(seconds), str(tmp / "moccasin-log")],
-                             capture_output=True, text=True, timeout=2 * seconds + 120)
+                             capture_output=True, text=True, timeout=2 * seconds + 120, cwd=tmp)  # its log files
     except subprocess.TimeoutExpired:
         return {"status": "killed", "seconds": time.perf_counter() - t}
     wall = time.perf_counter() - t
@@ -150,6 +150,10 @@ def cell(r: dict) -> str:
     return f"{r['status']}{'' if r.get('check') == 'valid' else ' INVALID'} | {r['overhead_percent']:.3f} | {r['seconds']:.1f}"
 
 
+def peak_share(r: dict) -> str:
+    return f"{r['peak'] / r['budget']:.3f}" if "peak" in r else ""
+
+
 def table(rows: list[dict], seconds: float, workers: int) -> str:
     lines = [f"Time limit {seconds:g} s per solver per instance; Moccasin with {workers} CP-SAT workers; "
              f"{platform.node()}, {os.cpu_count()} cores, shared. Overhead: total compute above every node once (%). "
@@ -158,8 +162,8 @@ def table(rows: list[dict], seconds: float, workers: int) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         r, m = row["roam"], row["moccasin"]
-        peak = lambda x: f"{x['peak'] / x['budget']:.3f}" if "peak" in x else ""  # noqa: E731
-        lines.append(f"| {row['graph']} | {row['n']} | {row['fraction']} | {cell(r)} | {peak(r)} | {cell(m)} | {peak(m)} |")
+        lines.append(f"| {row['graph']} | {row['n']} | {row['fraction']} | {cell(r)} | {peak_share(r)} | {cell(m)} "
+                     f"| {peak_share(m)} |")
     return "\n".join(lines) + "\n"
 
 

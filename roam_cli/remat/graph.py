@@ -118,13 +118,15 @@ def _given_order(given, index: dict, preds: tuple, path: Path) -> tuple[int, ...
 
 
 def cost(graph: Graph, schedule: list[int]) -> tuple[int, int]:
-    """(peak bytes, total compute) of a schedule of node indices, in which every read finds its
-    value computed earlier (what `solve` builds)."""
+    """(peak bytes, total compute) of a schedule of node indices; ValueError when a read finds no
+    computation of its value before it."""
     latest: dict[int, int] = {}  # node -> step of its latest computation
     last_read: list[int] = []  # per step: the last step that reads its output (itself when none)
     for step, v in enumerate(schedule):
         last_read.append(step)
         for u in graph.preds[v]:
+            if u not in latest:
+                raise ValueError(f"step {step} reads node {u} before it runs")
             last_read[latest[u]] = step
         latest[v] = step
     delta = [0] * (len(schedule) + 1)

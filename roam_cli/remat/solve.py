@@ -27,9 +27,9 @@ from roam_cli.remat.graph import Graph, cost
 ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
 WEIGHTS = [(3.0, 1.0, 0.0), (4.0, 1.0, 0.0), (2.0, 1.0, 0.0), (3.0, 0.5, 0.0), (6.0, 1.0, 0.0), (1.0, 1.0, 0.0)]
 STEP_CAP = 4  # a replay longer than this many times the node count is thrashing: given up
-NOISE = 0.3
-REDO_REACH = 8
-STALE_SECONDS = 5.0  # relative random perturbation of the eviction score in the random replays
+NOISE = 0.3  # relative random perturbation of the eviction score in the random replays
+REDO_REACH = 8  # a recomputation needing more dropped values than this counts as unaffordable
+STALE_SECONDS = 5.0
 
 
 @dataclass
@@ -53,10 +53,10 @@ def problem_of(graph: Graph) -> Problem:
 
 
 def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, float, float],
-           rng: random.Random | None, limit: int) -> list[int]:
+           rng: random.Random | None, limit: int, protected: frozenset = frozenset()) -> list[int]:
     """The schedule of `order` under `budget`, recomputing dropped values where read; Overflow if
     a step cannot fit or the compute reaches `limit`. weights = (exponent of the value's recompute
-    time, of the distance to its next read, noise)."""
+    time, of the distance to its next read, noise). `protected` values are dropped last."""
     succs, preds, ram, cpu = graph.succs, graph.preds, graph.ram, graph.cpu
     pos = {v: i for i, v in enumerate(order)}
     readers = [sorted(s, key=pos.__getitem__) for s in succs]  # first-computation order
@@ -84,14 +84,14 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
                     todo.append(p)
         return total + 1
 
-    def score(x: int) -> tuple[bool, float]:
+    def score(x: int) -> tuple[int, float]:
         """Lowest goes first: values no later node of the order reads (a cache for recomputations,
-        free to drop), then the cheapest loss."""
+        free to drop), then the cheapest loss, then the protected values."""
         if left[x] == 0:
-            return False, -ram[x]
+            return 0, -ram[x]
         distance = pos[readers[x][nxt[x]]] - now
         s = redo(x) ** a / (ram[x] + 1) / distance ** b
-        return True, s * (1 + noise * rng.random()) if rng else s
+        return 2 if x in protected else 1, s * (1 + noise * rng.random()) if rng else s
 
     def drop(x: int) -> None:
         nonlocal live_bytes
@@ -129,6 +129,29 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
     return schedule
 
 
+def trim(graph: Graph, schedule: list[int], budget: int, deadline: float) -> list[int]:
+    """`schedule` without the recomputations it can do without: each repeated run, the costliest
+    first, is removed when every read still finds its value and the peak stays within `budget`
+    (the replay drops greedily, and a later drop can make an earlier recomputation needless)."""
+    while time.perf_counter() < deadline:
+        runs: dict[int, int] = {}
+        for v in schedule:
+            runs[v] = runs.get(v, 0) + 1
+        for step in sorted((j for j, v in enumerate(schedule) if runs[v] > 1), key=lambda j: -graph.cpu[schedule[j]]):
+            if time.perf_counter() > deadline:
+                return schedule
+            candidate = schedule[:step] + schedule[step + 1:]
+            try:
+                if cost(graph, candidate)[0] <= budget:
+                    schedule = candidate
+                    break
+            except ValueError:
+                continue
+        else:
+            return schedule
+    return schedule
+
+
 def candidate_orders(graph: Graph, deadline: float) -> tuple[dict[str, list[int]], int]:
     """Topological orders to replay ({name: order}, the least peak among them): the given one,
     XLA's list and DFS schedulers, and roam's least-peak order."""
@@ -149,24 +172,43 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
     best: Result | None = None
     replays = 0
     improved = start  # when the best last improved
+    setting: tuple = ()  # (order, weights, protected) of the best replay
 
     def stale_at() -> float:
         """The random replays stop once the best has not improved for as long as it took to find
         it (and at least STALE_SECONDS)."""
         return improved + max(STALE_SECONDS, improved - start) if best is not None else deadline
 
-    def consider(order: list[int], weights, rng) -> None:
-        nonlocal best, replays, improved
+    def consider(order: list[int], weights, rng, protected: frozenset = frozenset()) -> bool:
+        """Replay; True when it gave a new best (kept with how it was made, in `setting`)."""
+        nonlocal best, replays, improved, setting
         replays += 1
         try:
             limit = best.compute if best is not None else STEP_CAP * baseline + 1
-            schedule = replay(graph, order, budget, weights, rng, limit)
+            schedule = trim(graph, replay(graph, order, budget, weights, rng, limit, protected), budget, deadline)
         except Overflow:
-            return
+            return False
         peak, compute = cost(graph, schedule)
-        if peak <= budget and (best is None or (compute, peak) < (best.compute, best.peak)):
-            best = Result(schedule, peak, compute, compute == baseline, least, 0)
-            improved = time.perf_counter()
+        if peak > budget or (best is not None and (compute, peak) >= (best.compute, best.peak)):
+            return False
+        best = Result(schedule, peak, compute, compute == baseline, least, 0)
+        improved, setting = time.perf_counter(), (order, weights, protected)
+        return True
+
+    def protect() -> None:
+        """The best replay again with one of its recomputed values dropped last, the costliest
+        recomputations first, while that improves it: a drop the greedy made early can force
+        costlier ones later."""
+        while best is not None and not best.optimal and time.perf_counter() < deadline:
+            order, weights, protected = setting
+            runs: dict[int, int] = {}
+            for v in best.schedule:
+                runs[v] = runs.get(v, 0) + 1
+            redone = sorted((v for v, k in runs.items() if k > 1 and v not in protected),
+                            key=lambda v: -(runs[v] - 1) * graph.cpu[v])
+            if not any(time.perf_counter() < deadline and consider(order, weights, None, protected | {v})
+                       for v in redone):
+                return
 
     problem = problem_of(graph)
     for order in sorted(orders.values(), key=lambda o: order_peak(problem, o)):
@@ -174,6 +216,7 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
             if (best is not None and best.optimal) or time.perf_counter() > deadline:
                 break
             consider(order, weights, None)
+    protect()
     rng = random.Random(seed)
     names = sorted(orders)
     while (best is None or not best.optimal) and time.perf_counter() < min(deadline, stale_at()):
