@@ -4,15 +4,17 @@ recomputation, searched until the time limit.
 1. Without recomputation the best a schedule can do is the least peak of any topological order:
    roam's ordering (`order.roam`) finds it (or bounds it) with the graph's nodes as buffers. If
    it fits, the schedule computes every node once: optimal, as no schedule computes less.
-2. Otherwise each candidate order is replayed under the budget (`replay`): values are held while
-   a later node of the order reads them; when a step would overflow, held values the step does
-   not read are dropped, the one whose loss costs least first (recompute time per byte, per step
+2. Otherwise each candidate order is replayed under the budget (`replay`): a value stays held
+   after its last reader of the order too, as a cache for recomputations; when a step would
+   overflow, held values the step does not read are dropped, the cache first, then the one whose
+   loss costs least (its recomputation with every dropped value it needs, per byte, per step
    until its next read); a read of a dropped value recomputes it, and recursively what it reads.
    Dropping is retroactive under Moccasin's accounting: a dropped value's lifetime simply ends at
-   its last read so far, so no earlier step grows.
-3. The replays vary the eviction weights and break ties at random (seeded) until the time
-   limit, or until the best stops improving (`stale_at`); the least total compute wins, and the
-   result is proven optimal only when it is the baseline (every node once)."""
+   its last read so far, so no earlier step grows. Each replay is then trimmed (`trim`).
+3. The best replay is run again with each of its recomputed values dropped last (`protect`);
+   then replays vary the eviction weights and break ties at random (seeded) until the time
+   limit, or until the best stops improving (`stale_at`). The least total compute wins; it is
+   proven optimal only when it is the baseline (every node once)."""
 
 import random
 import sys
