@@ -571,6 +571,59 @@ def split_names(values: tuple[str, ...]) -> list[str]:
     return [name for v in values for name in v.split(",") if name]
 
 
+@cli.command()
+@click.argument("graph_path", metavar="GRAPH.json", type=click.Path(path_type=Path))
+@click.argument("schedule_in", metavar="[SCHEDULE.json]", required=False, type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_path", type=click.Path(path_type=Path), help="Schedule to write.")
+@click.option("--budget", type=ByteSize(), default=None, help="Peak memory the schedule must fit, e.g. 12GiB.")
+@click.option("--budget-fraction", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="The budget as a fraction of the given order's peak, e.g. 0.8.")
+@click.option("--time-limit", type=SECONDS, default=60.0, show_default=True, help="Seconds the search may use.")
+@click.option("--check", is_flag=True, help="Validate SCHEDULE.json against GRAPH.json instead of solving.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON.")
+@click.pass_obj
+def remat(obj, graph_path, schedule_in, out_path, budget, budget_fraction, time_limit, check, as_json):
+    """Schedule a node-link graph (Checkmate's, Moccasin's) to fit a memory budget, a node
+    allowed to run again (a recomputation), at the least total compute.
+
+    \b
+    Examples:
+      roam remat graph.json --budget-fraction 0.8 -o schedule.json
+      roam remat --check graph.json schedule.json
+    """
+    if check:
+        from roam_cli.remat.check import check as check_schedule
+
+        if schedule_in is None or out_path is not None or budget_fraction is not None:
+            raise RoamError("--check takes GRAPH.json SCHEDULE.json, and --budget BYTES or the schedule's own")
+        try:
+            problem, measured = check_schedule(graph_path, schedule_in, budget)
+        except ValueError as e:
+            raise RoamError(str(e)) from None
+        if problem:
+            raise CheckFailed(f"invalid schedule: {problem}")
+        if not obj["quiet"] or as_json:
+            out.print(json.dumps(measured) if as_json else
+                      f"valid: peak {measured['peak']}, compute {measured['compute']} "
+                      f"(baseline {measured['baseline_compute']})", highlight=False, soft_wrap=True)
+        return
+    from roam_cli import remat as remat_mod
+
+    if schedule_in is not None or out_path is None:
+        raise RoamError("remat takes GRAPH.json and -o SCHEDULE.json (a second file only with --check)")
+    check_output_path(out_path, [graph_path])
+    doc = remat_mod.remat(graph_path, budget, budget_fraction, time_limit)
+    write_atomic(out_path, json.dumps(doc) + "\n")
+    summary = {k: v for k, v in doc.items() if k != "schedule"}
+    if as_json:
+        out.print(json.dumps(summary), highlight=False, soft_wrap=True)
+    elif not obj["quiet"]:
+        out.print(f"wrote {out_path}: {len(doc['schedule'])} steps ({doc['recomputations']} recomputations), "
+                  f"peak {doc['peak']} of budget {doc['budget']}, compute {doc['compute']} "
+                  f"(+{doc['overhead_percent']:.3f} % over {doc['baseline_compute']}), {doc['status']}, "
+                  f"{doc['seconds']:.1f} s", highlight=False, soft_wrap=True)
+
+
 @cli.command("layout-csv")
 @click.argument("csv_in", metavar="IN.csv", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "csv_out", required=True, type=click.Path(path_type=Path),
