@@ -75,7 +75,10 @@ def measure(spec: suite.Model, budget: float | None) -> dict:
                                 partition_fn=functools.partial(min_cut_rematerialization_partition,
                                                                compiler="inductor"))
         optimizer = torch.optim.AdamW(list(params.values()), foreach=True)
-        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
+        # the backward compiled with the forward: compiled lazily, its graph is deep-copied, constants
+        # and all, which FakeTensorMode refuses
+        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget,
+                                    force_non_lazy_backward_lowering=True):
             step(params, buffers, *args).backward()  # compiles at this budget
         optimizer.step()
         optimizer.zero_grad()
