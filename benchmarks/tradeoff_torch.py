@@ -53,7 +53,7 @@ def measure(spec: suite.Model, budget: float | None) -> dict:
     import torch._functorch.config as functorch_config
     from functorch.compile import aot_function, make_boxed_compiler, min_cut_rematerialization_partition
     from torch._inductor.compile_fx import select_decomp_table
-    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
 
@@ -75,11 +75,13 @@ def measure(spec: suite.Model, budget: float | None) -> dict:
                                 partition_fn=functools.partial(min_cut_rematerialization_partition,
                                                                compiler="inductor"))
         optimizer = torch.optim.AdamW(list(params.values()), foreach=True)
-        # the backward compiled with the forward: compiled lazily, its graph is deep-copied, constants
-        # and all, which FakeTensorMode refuses
-        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget,
-                                    force_non_lazy_backward_lowering=True):
-            step(params, buffers, *args).backward()  # compiles at this budget
+        with functorch_config.patch(activation_memory_budget=1.0 if budget is None else budget):
+            loss_value = step(params, buffers, *args)  # compiles the forward and partitions at this budget
+            # the backward graph is compiled at its first call, from a deep copy that holds its real
+            # constants, which FakeTensorMode refuses to copy: that call runs outside the mode (the
+            # fake tensors still compute as fake ones)
+            with unset_fake_temporarily():
+                loss_value.backward()
         optimizer.step()
         optimizer.zero_grad()
         counter = FlopCounterMode(display=False)
