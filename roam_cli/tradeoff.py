@@ -96,7 +96,7 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
         if key in made:
             return
         left = max(deadline - time.perf_counter(), 1.0)
-        share = None if options.time_limit is None else left / max(points - len(made), 1)
+        share = None if options.time_limit is None else left / max(points - len(made), 2)
         each = replace(options, recompute=mode, time_limit=share)
         say(f"planning point {len(made) + 1}: {label}")
         result = pipeline.plan_choice(imported, mm, choice, model_path, plans_dir / "plan.json", each, {}, say)
@@ -114,7 +114,7 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
 
     add("keep all", keep_all, "budget", None)
     add("free", recompute.free(graph, mm), "free", None)
-    add("fewest bytes", fewest, "budget", fewest.kept_bytes)
+    add("fewest bytes", fewest, "budget", None)
     # bisect the boundary bytes next to the front's points, widest gap first: the limits tried
     # and the bytes each choice keeps mark where the program has been
     marks = {p.plan["recompute"]["kept_bytes"]["after"] for p in made.values()}
