@@ -9,10 +9,10 @@ from pathlib import Path
 import click
 from rich.console import Console
 
-from roam_cli import __version__, budget as budget_mod, layout, order, pair, pipeline, recompute
+from roam_cli import __version__, budget as budget_mod, layout, order, pair, pipeline, recompute, tradeoff as tradeoff_mod
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
-from roam_cli.core.fileio import check_output_folder, check_output_path, write_all_atomic, write_atomic
+from roam_cli.core.fileio import check_output_folder, check_output_path, make_folder, write_all_atomic, write_atomic
 from roam_cli.core.units import format_bytes, parse_bytes
 from roam_cli.frontend import training_graph
 from roam_cli.outputs import report as report_mod
@@ -622,6 +622,113 @@ def remat(obj, graph_path, schedule_in, out_path, budget, budget_fraction, time_
                   f"peak {doc['peak']} of budget {doc['budget']}, compute {doc['compute']} "
                   f"(+{doc['overhead_percent']:.3f} % over {doc['baseline_compute']}), {doc['status']}, "
                   f"{doc['seconds']:.1f} s", highlight=False, soft_wrap=True)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "front_path", required=True, type=click.Path(path_type=Path),
+              help="front.json to write: each point's budget, memory, extra FLOPs and verdict.")
+@click.option("--points", default=10, show_default=True, type=click.IntRange(min=tradeoff_mod.MIN_POINTS),
+              help="Points the front should have (fewer when the step has no more distinct plans).")
+@click.option("--plans", "plans_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Write each point's plan into this folder (point-01.json, ...; `roam verify MODEL` checks each).")
+@click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
+              help="Draw the front into this folder (front.png, front.svg; pip install '.[plot]').")
+@click.option("--mark", "marks", multiple=True, metavar="NAME=BYTES[@FLOPS]",
+              help="A reference point for the picture, e.g. 'PyTorch eager=3.5GiB' or 'checkpointing=2.3GiB@23.3%' "
+                   "(extra FLOPs as a count or a share of the step; repeatable).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Bind a symbolic dimension (repeatable).")
+@click.option("--time-limit", type=SECONDS, default=None,
+              help="Seconds for the whole sweep, shared by its plans (default: 60 per point).")
+@click.option("--solver", type=click.Choice(milp.SOLVERS), default="cbc", show_default=True,
+              help="MILP solver of the ordering, layout and recompute programs.")
+@click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--json", "as_json", is_flag=True, help="Print front.json's points as JSON.")
+@click.pass_obj
+def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, time_limit, solver, jobs, as_json):
+    """The memory / extra-FLOPs front of the training step MODEL: plans from keeping every
+    forward value through `--recompute free` to the most recomputation roam can plan, each
+    verified; dominated plans dropped, so that less memory always costs more FLOPs.
+
+    \b
+    Examples:
+      roam tradeoff full_step.onnx -o front.json --plot pictures/
+      roam tradeoff full_step.onnx -o front.json --points 12 --plans plans/ --time-limit 600
+      roam tradeoff full_step.onnx -o front.json --plot pictures/ --mark 'PyTorch eager=3.46GiB' \\
+          --mark 'checkpointing=2.32GiB@23.3%'
+    """
+    check_output_path(front_path, [model])
+    milp.check_solver(solver)
+    references = []
+    for m in marks:
+        name, sep, value = m.partition("=")
+        size, _, extra = value.partition("@")
+        if not sep or not name or not size:
+            raise RoamError(f"--mark expects NAME=BYTES[@FLOPS], got {m!r}")
+        references.append((name, parse_size(m, size), extra or None))
+    if plot_dir is not None:
+        from roam_cli.outputs import front_plot, plot
+
+        plot.figure_class()  # matplotlib is there, before any work is done
+        check_output_folder(plot_dir, front_plot.picture_paths(plot_dir), [model, front_path])
+    if plans_dir is not None:
+        check_output_folder(plans_dir, [plans_dir / plan_name(k) for k in range(points)], [model, front_path])
+    options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), time_limit=time_limit, jobs=jobs, solver=solver)
+    with Progress(obj["quiet"]) as progress:
+        front = tradeoff_mod.sweep(model, options, points, plans_dir or front_path.parent, progress)
+    plans = front.pop("plans")
+    if front["unverified"]:
+        bad = front["unverified"][0]
+        raise CheckFailed(f"{len(front['unverified'])} plans failed verification, the first ({bad['label']}): "
+                          f"{bad['violation']}")
+    step_flops = front["points"][0]["step_flops"]
+    front["marks"] = [tradeoff_mod.mark(name, size, extra, step_flops) for name, size, extra in references]
+    written: dict = {}
+    for k, (point, plan) in enumerate(zip(front["points"], plans)):
+        point["plan"] = None
+        if plans_dir is not None:
+            point["plan"] = str(plans_dir / plan_name(k))
+            written[plans_dir / plan_name(k)] = plan_io.dumps(plan)
+    written[front_path] = json.dumps(front, indent=1) + "\n"
+    if plans_dir is not None:
+        make_folder(plans_dir)
+    write_all_atomic(written)
+    pictures = front_plot.picture(front, plot_dir) if plot_dir is not None else []
+    if as_json:
+        click.echo(json.dumps({**front, "pictures": [str(p) for p in pictures]}, indent=1))
+        return
+    if not obj["quiet"]:
+        render_front(front)
+        out.print(f"wrote {front_path}" + "".join(f", {p}" for p in pictures), highlight=False)
+    if len(front["points"]) < points:
+        err.print(f"note: the front has {len(front['points'])} points, fewer than the {points} asked for: no other "
+                  "budget gave a plan that is not dominated")
+
+
+def plan_name(k: int) -> str:
+    return f"point-{k + 1:02d}.json"
+
+
+def parse_size(mark: str, size: str) -> int:
+    try:
+        return parse_bytes(size)
+    except ValueError as e:
+        raise RoamError(f"--mark {mark!r}: {e}") from None
+
+
+def render_front(front: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"memory / extra FLOPs front of {front['model']}", title_justify="left")
+    for column in ("point", "persistent + arena", "arena", "extra FLOPs", "% of the step", "nodes added", "verified"):
+        table.add_column(column, justify="left" if column == "point" else "right")
+    for p in front["points"]:
+        table.add_row(p["label"], format_bytes(p["total_bytes"]), format_bytes(p["arena_bytes"]), f"{p['extra_flops']:,}",
+                      f"{p['extra_flops_pct']:.3f}", str(p["nodes_added"]), "yes" if p["verified"] else "NO")
+    out.print(table)
+    if front["dominated"]:
+        out.print(f"{len(front['dominated'])} dominated plans dropped (in front.json's `dominated`): another plan "
+                  "needs no more memory and no more FLOPs", highlight=False)
 
 
 @cli.command("layout-csv")

@@ -1,0 +1,165 @@
+"""`roam tradeoff`: the memory / extra-FLOPs front of a training step, each point a verified plan.
+
+The points run from the plan that keeps everything (no extra FLOPs) through `--recompute free`
+to the most recomputation roam can plan (the fewest bytes any recompute keeps across the
+forward/backward boundary). Between them, the budget program (`recompute.within`) chooses the
+fewest FLOPs that keep at most L bytes across the boundary, for limits L bisecting the widest gap
+left between the choices found, until the front has the points asked for or no gap is left to
+split. Each distinct choice is ordered and laid out (`pipeline.plan_choice`) and checked by the
+independent verifier on the source model rewritten again from the plan's record, as `roam
+verify STEP.onnx plan.json` does. A plan's memory is what `--budget` counts: persistent + arena.
+
+Ordering does not follow the boundary's bytes exactly, so a plan can need more memory than
+another that recomputes less: such a point is dominated, and is dropped from the front and
+reported. What is left is monotone: less memory, more extra FLOPs."""
+
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from roam_cli import order, pipeline, recompute
+from roam_cli.core import memory, plan as plan_io
+from roam_cli.core.errors import RoamError
+from roam_cli.core.units import format_bytes
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.verify import Violation, verify
+
+MIN_POINTS = 2  # the two ends
+PROBES_PER_POINT = 4  # budget programs solved per point asked for, at most, before giving up on a gap
+
+
+@dataclass
+class Point:
+    label: str  # "keep all", "free", "fewest bytes", or the boundary limit the program met
+    limit: int | None  # the boundary's byte limit the budget program was given
+    plan: dict
+    verified: bool
+    violation: str | None = None
+    dominated_by: str | None = None
+
+    @property
+    def total(self) -> int:
+        return plan_io.needed_bytes(self.plan)
+
+    @property
+    def extra_flops(self) -> int:
+        return self.plan["recompute"]["extra_flops"]
+
+    def record(self) -> dict:
+        r = self.plan["recompute"]
+        step = r["step_flops"]
+        return {"label": self.label, "boundary_limit_bytes": self.limit, "persistent_bytes": self.plan["persistent_bytes"],
+                "arena_bytes": self.plan["arena_bytes"], "total_bytes": self.total, "extra_flops": self.extra_flops,
+                "extra_flops_pct": 100 * self.extra_flops / step if step else 0.0, "step_flops": step,
+                "kept_bytes": r["kept_bytes"]["after"], "nodes_added": len(r["nodes"]), "verified": self.verified,
+                **({"violation": self.violation} if self.violation else {}),
+                **({"dominated_by": self.dominated_by} if self.dominated_by else {})}
+
+
+def front_of(points: list[Point]) -> tuple[list[Point], list[Point]]:
+    """(the front, the dominated points): a point is dominated by one that needs no more memory
+    and no more extra FLOPs and is not the same on both. The front is sorted by memory, most
+    first; along it extra FLOPs strictly rise as memory strictly falls."""
+    ranked = sorted(points, key=lambda p: (p.extra_flops, p.total))
+    front, dominated = [], []
+    for p in ranked:  # fewest FLOPs first: p is on the front when it needs less than all before it
+        if front and front[-1].total <= p.total:
+            p.dominated_by = front[-1].label
+            dominated.append(p)
+        else:
+            front.append(p)
+    return front, dominated
+
+
+def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: Path, say=lambda m: None) -> dict:
+    """The front of the step at model_path: at least `points` verified plans when the step has
+    them, in `points`, most memory first; the dominated ones and any plan the verifier refused
+    beside. The front's plans come back in `plans`, in its order, for the caller to write into
+    `plans_dir` (their `model` paths are relative to it)."""
+    if points < MIN_POINTS:
+        raise RoamError(f"--points must be at least {MIN_POINTS} (the two ends), got {points}")
+    start = time.perf_counter()
+    imported = import_model(model_path, options.dims, options.shapes_from_run)
+    mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
+    graph = imported.graph
+    keep_all = recompute.keep_all(graph, mm)
+    if not keep_all.problem.needed:
+        raise RoamError(f"{model_path}: no forward value is read after the forward: not a training step, "
+                        "nothing to recompute")
+    seconds = options.time_limit if options.time_limit is not None else order.DEFAULT_SECONDS * points
+    deadline = start + seconds
+    fewest = recompute.fewest_bytes(graph, mm)
+    made: dict[tuple, Point] = {}  # choice -> its point
+
+    def add(label: str, choice: recompute.Choice, mode: str, limit: int | None) -> None:
+        key = (choice.saved, choice.copied, choice.replayed)
+        if key in made:
+            return
+        left = max(deadline - time.perf_counter(), 1.0)
+        share = None if options.time_limit is None else left / max(points - len(made), 2)
+        each = replace(options, recompute=mode, time_limit=share)
+        say(f"planning point {len(made) + 1}: {label}")
+        result = pipeline.plan_choice(imported, mm, choice, model_path, plans_dir / "plan.json", each, {}, say)
+        plan = result.plan
+        plan["source_model"] = dict(plan["model"])
+        made[key] = Point(label, limit, plan, *check(plan))
+
+    def check(plan: dict) -> tuple[bool, str | None]:
+        """verify's verdict, on the source model rewritten again from the plan's record"""
+        try:
+            verify(recompute.reapply(imported, plan["recompute"]).graph, imported.sha256, plan)
+        except Violation as v:
+            return False, str(v)
+        return True, None
+
+    add("keep all", keep_all, "budget", None)
+    add("free", recompute.free(graph, mm), "free", None)
+    add("fewest bytes", fewest, "budget", None)
+    # bisect the boundary bytes next to the front's points, widest gap first: the limits tried
+    # and the bytes each choice keeps mark where the program has been
+    marks = {p.plan["recompute"]["kept_bytes"]["after"] for p in made.values()}
+    probes = 0
+    while probes < PROBES_PER_POINT * points and time.perf_counter() < deadline:
+        front = front_of(verified(made))[0]
+        if len(front) >= points:
+            break
+        on_front = {p.plan["recompute"]["kept_bytes"]["after"] for p in front}
+        ordered = sorted(marks)
+        gaps = [(hi - lo, lo, hi) for lo, hi in zip(ordered, ordered[1:])
+                if hi - lo > options.alignment and (lo in on_front or hi in on_front)]
+        if not gaps:
+            break
+        _, lo, hi = max(gaps)
+        limit = (lo + hi) // 2
+        marks.add(limit)
+        probes += 1
+        say(f"choosing the fewest FLOPs that keep at most {limit} bytes")
+        ilp_deadline = time.perf_counter() + pipeline.BUDGET_ILP_SHARE * max(deadline - time.perf_counter(), 1.0)
+        choice = recompute.within(fewest, limit, ilp_deadline, options.solver)
+        if choice is not None:
+            marks.add(choice.kept_bytes)
+            add(f"boundary ≤ {format_bytes(limit)}", choice, "budget", limit)
+    front, dominated = front_of(verified(made))
+    return {"model": str(model_path), "dims": options.dims, "points": [p.record() for p in front],
+            "dominated": [p.record() for p in dominated],
+            "unverified": [p.record() for p in made.values() if not p.verified], "probes": probes,
+            "seconds": time.perf_counter() - start, "plans": [p.plan for p in front]}
+
+
+def verified(made: dict) -> list[Point]:
+    return [p for p in made.values() if p.verified]
+
+
+def mark(name: str, total_bytes: int, extra: str | None, step_flops: int) -> dict:
+    """A reference point for the picture: `extra` is its extra FLOPs, a count or a share of the
+    step ("23.3%"); a count is taken as a share of this step's FLOPs as roam counts them."""
+    if extra is None:
+        pct = 0.0
+    else:
+        try:
+            pct = float(extra[:-1]) if extra.endswith("%") else 100 * float(extra) / step_flops
+        except (ValueError, ZeroDivisionError):
+            raise RoamError(f"--mark {name}: extra FLOPs {extra!r} is neither a count nor a percentage") from None
+    if pct < 0:
+        raise RoamError(f"--mark {name}: extra FLOPs {extra!r} is negative")
+    return {"name": name, "total_bytes": total_bytes, "extra_flops_pct": pct}
