@@ -82,7 +82,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import compress
+from itertools import accumulate, compress
 
 from roam_cli.layout import _search
 
@@ -252,13 +252,7 @@ class CanonicalSearch:
             rank[i] = r
         S = len(members)
         total = list(self.sec_total)
-        if self._cuts0 is None:
-            cuts = [0] * (S + 1)  # cuts[k]: unplaced buffers covering both section k-1 and k
-            for i in range(n):
-                for k in range(slo[i] + 1, shi[i]):
-                    cuts[k] += 1
-            self._cuts0 = cuts
-        cuts = list(self._cuts0)
+        cuts = list(self._section_cuts())
         minoff = [0] * n
         top = list(size)
         fx = [False] * n
@@ -486,8 +480,21 @@ class CanonicalSearch:
             return None
         return offset
 
-    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
-        """The same search in C: the problem goes over as int64 arrays (built once)."""
+    def _section_cuts(self) -> list[int]:
+        """cuts[k]: the buffers covering both section k-1 and k (a difference array: the long-lived
+        buffers of a training step cover thousands of sections each)."""
+        if self._cuts0 is None:
+            cuts = [0] * (len(self.members) + 1)
+            for lo, hi in zip(self.slo, self.shi):
+                if lo + 1 < hi:
+                    cuts[lo + 1] += 1
+                    cuts[hi] -= 1
+            self._cuts0 = list(accumulate(cuts))
+        return self._cuts0
+
+    def prepare(self) -> None:
+        """Build the search's arrays now (a caller about to fork workers shares them)."""
+        self._section_cuts()
         if self._arrays is None:
             mem_start = array("q", [0])
             for m in self.members:
@@ -499,6 +506,10 @@ class CanonicalSearch:
             self._arrays = (array("q", self.size), array("q", self.slo), array("q", self.shi),
                             mem_start, array("q", [i for m in self.members for i in m]),
                             ovl_start, array("q", [j for o in ovl for j in o]))
+
+    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
+        """The same search in C: the problem goes over as int64 arrays (built once)."""
+        self.prepare()
         pinned = array("q", [-1]) * self.n
         for i, off in (fixed or {}).items():
             pinned[i] = int(off)
