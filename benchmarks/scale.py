@@ -12,7 +12,8 @@ with `roam_cli.frontend.torch_export`, then `make-training-graph --backend ort-a
 `--route roam` makes `roam_step.onnx` with roam's own backward in standard ONNX instead.
 
 Each plan is one `roam optimize STEP -o PLAN --jobs 2 --recompute MODE` command under
-`/usr/bin/time -v` (wall time, peak RSS); the table prints peak live bytes, the order's lower
+`/usr/bin/time -v` (wall time, CPU time of the command and its workers, peak RSS; on a shared
+machine the CPU time is the figure that compares runs); the table prints peak live bytes, the order's lower
 bound and the gap to it, the layout's fragmentation (arena / peak live - 1), and `roam verify`."""
 
 from __future__ import annotations
@@ -126,21 +127,22 @@ def build(spec: Llama, cache: Path, route: str) -> Path:
     return step
 
 
-def timed(*args: str) -> tuple[int, str, float, float]:
-    """(exit code, stderr tail, wall seconds, peak RSS GiB) of one `roam` command."""
+def timed(*args: str) -> tuple[int, str, float, float, float]:
+    """(exit code, stderr tail, wall seconds, CPU seconds, peak RSS GiB) of one `roam` command."""
     cmd = ["/usr/bin/time", "-v", sys.executable, "-m", "roam_cli", "-q", *args]
     t = time.perf_counter()
     run = subprocess.run(cmd, capture_output=True, text=True)
     wall = time.perf_counter() - t
     rss = re.search(r"Maximum resident set size \(kbytes\): (\d+)", run.stderr)
+    cpu = sum(float(x) for x in re.findall(r"(?:User|System) time \(seconds\): ([\d.]+)", run.stderr))
     message = "\n".join(line for line in run.stderr.splitlines() if not line.startswith("\t"))
-    return run.returncode, message.strip(), wall, int(rss.group(1)) / 2**20 if rss else float("nan")
+    return run.returncode, message.strip(), wall, cpu, int(rss.group(1)) / 2**20 if rss else float("nan")
 
 
 def plan(step: Path, folder: Path, mode: str, jobs: int) -> dict:
     out = folder / f"{step.parent.name}-{step.stem}-{mode}.json"
-    code, message, wall, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode)
-    row = {"mode": mode, "seconds": round(wall, 1), "rss_gib": round(rss, 2)}
+    code, message, wall, cpu, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode)
+    row = {"mode": mode, "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1), "rss_gib": round(rss, 2)}
     if code != 0:
         return row | {"failed": message.splitlines()[-1] if message else f"exit {code}"}
     p = json.loads(out.read_text())
@@ -150,7 +152,8 @@ def plan(step: Path, folder: Path, mode: str, jobs: int) -> dict:
     order = stats["order"]
     return row | {"nodes": len(p["order"]), "nodes_added": len(p.get("recompute", {}).get("nodes", ())),
                   "peak_live_bytes": p["peak_live_bytes"], "arena_bytes": p["arena_bytes"],
-                  "bound_bytes": order.get("lower_bound_bytes"), "gap": order.get("gap"),
+                  "bound_bytes": order.get("lower_bound_bytes"),
+                  "gap": p["peak_live_bytes"] / order["lower_bound_bytes"] - 1 if order.get("lower_bound_bytes") else None,
                   "proven": order.get("proven_optimal"), "fragmentation": p["arena_bytes"] / p["peak_live_bytes"] - 1,
                   "phases": stats.get("seconds"), "verified": verified}
 
@@ -161,9 +164,9 @@ def gib(n) -> str:
 
 def row_md(name: str, r: dict) -> str:
     if "failed" in r:
-        return f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['rss_gib']:.2f} | failed: {r['failed']} | | | | | |"
+        return f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | failed: {r['failed']} | | | | | |"
     gap = "proven optimal" if r["proven"] else ("–" if r["gap"] is None else f"within {100 * r['gap']:.2f} %")
-    return (f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['rss_gib']:.2f} | {r['nodes']:,} (+{r['nodes_added']:,}) | "
+    return (f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | {r['nodes']:,} (+{r['nodes_added']:,}) | "
             f"{gib(r['peak_live_bytes'])} | {gib(r['bound_bytes'])} | {gap} | {100 * r['fragmentation']:.3f} % | "
             f"{'yes' if r['verified'] else 'NO'} |")
 
@@ -185,8 +188,8 @@ def main(argv=None) -> int:
             print(build(spec, args.cache, args.route))
         return 0
     rows = []
-    print("| step | recompute | s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
-          "|---|---|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
+    print("| step | recompute | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
             step = args.cache / spec.name / STEP[args.route]
