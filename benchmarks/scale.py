@@ -199,10 +199,12 @@ def main(argv=None) -> int:
                 r = plan(step, Path(tmp), mode, args.jobs) | {"step": spec.name, "route": args.route}
                 rows.append(r)
                 print(row_md(spec.name, r), flush=True)
-    if args.json_out:
-        meta = {"date": datetime.date.today().isoformat(), "machine": f"{platform.machine()}, {platform.python_version()}",
-                "command": "python " + " ".join(["benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])])}
-        args.json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+                if args.json_out:  # after every row: a 405B-class run takes many minutes
+                    meta = {"date": datetime.date.today().isoformat(),
+                            "machine": f"{platform.machine()}, {platform.python_version()}",
+                            "command": "python " + " ".join(["benchmarks/scale.py",
+                                                             *(argv if argv is not None else sys.argv[1:])])}
+                    args.json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
     return 0
 
 
