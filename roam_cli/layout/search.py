@@ -242,7 +242,6 @@ class CanonicalSearch:
         if self.lower_bound > C or max(size) > C:
             return None
         slo, shi, members = self.slo, self.shi, self.members
-        ovl = self._overlaps()
         cols, dynamic = self.key_columns(heuristic, weights)
         order = sorted(range(n), key=lambda i: [c[i] for c in cols] + [i])
         if weights is None:
@@ -277,6 +276,7 @@ class CanonicalSearch:
         if engine == "c":
             return self._solve_c(C, order, rank, twin_prev, fixed, node_limit, deadline, weights,
                                  cols, dynamic)
+        ovl = self._overlaps()
         offset = [0] * n
         placed = [False] * n
         witness = [m[0] for m in members]
@@ -499,7 +499,8 @@ class CanonicalSearch:
             mem_start = array("q", [0])
             for m in self.members:
                 mem_start.append(mem_start[-1] + len(m))
-            ovl = self._overlaps()
+            # the lists are not kept: the arrays hold them, in a quarter of the memory
+            ovl = self.ovl if self.ovl is not None else overlaps_of(self.lowers, self.uppers)
             ovl_start = array("q", [0])
             for o in ovl:
                 ovl_start.append(ovl_start[-1] + len(o))
