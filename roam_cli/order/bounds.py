@@ -105,8 +105,7 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
             if u in index:
                 net.add(index[w], index[u], INF)
     for b, (allocators, size, readers) in enumerate(cut):
-        y = z = len(free) + 2 + 2 * b
-        z += 1
+        y, z = len(free) + 2 + 2 * b, len(free) + 3 + 2 * b
         for a in allocators:
             net.add(a, y, INF)
         net.add(y, z, size)
