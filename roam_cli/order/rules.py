@@ -19,6 +19,7 @@ with the same peak."""
 
 from dataclasses import dataclass
 from fractions import Fraction
+from itertools import pairwise
 
 from roam_cli.order.problem import Buffer, Problem, reachability
 
@@ -38,7 +39,7 @@ class Reduction:
         search of a list of tens of thousands of nodes."""
         seq = [self.kept[v] for v in order]
         ends = (None, *seq, None)
-        after = dict(zip(ends[:-1], ends[1:]))  # None -> the first node
+        after = dict(pairwise(ends))  # None -> the first node
         before = dict(zip(ends[1:], ends[:-1]))  # None -> the last node
         label = {v: Fraction(i) for i, v in enumerate(seq)}
 
