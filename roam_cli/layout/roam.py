@@ -86,12 +86,12 @@ def split_components(buffers, idx: list[int]) -> list[list[int]]:
 FINAL = ("solved", "infeasible", "timeout", "recursion limit")  # the statuses that end a portfolio
 
 
-def _attempts(sub, target, deadline, rankings, start_limit=None):
-    """The portfolio's attempts, in order: round-robin over ``rankings`` with a node limit that
-    doubles every round.  Yields ``(status, offsets|None, nodes)`` per attempt; the status is
-    "node limit" or one of FINAL, after which nothing more is yielded.  An exhausted search
-    ("infeasible") is a proof."""
-    cs = CanonicalSearch(sub)
+def _attempts(cs, target, deadline, rankings, start_limit=None):
+    """The portfolio's attempts on ``cs`` (a :class:`CanonicalSearch`), in order: round-robin
+    over ``rankings`` with a node limit that doubles every round.  Yields ``(status,
+    offsets|None, nodes)`` per attempt; the status is "node limit" or one of FINAL, after which
+    nothing more is yielded.  An exhausted search ("infeasible") is a proof."""
+    sub = cs.buffers
     if cs.lower_bound > target or max(b[2] for b in sub) > target:
         yield "infeasible", None, 0
         return
@@ -116,32 +116,38 @@ def _attempts(sub, target, deadline, rankings, start_limit=None):
         limit *= 2
 
 
-def _worker(q, k, sub, target, deadline, rankings):
+def _worker(q, k, cs, target, deadline, rankings):
     """Worker ``k``: every attempt of its share of the rankings goes to ``q``."""
     try:
-        for i, (status, off, nodes) in enumerate(_attempts(sub, target, deadline, rankings)):
+        for i, (status, off, nodes) in enumerate(_attempts(cs, target, deadline, rankings)):
             q.put((k, i, status, off, nodes))
     except BaseException as e:  # report, never hang the parent
         q.put((k, None, f"error: {type(e).__name__}: {e}", None, 0))
 
 
-def decide(sub, target, deadline, jobs=1, rankings=DEFAULT_HEURISTICS):
+def decide(sub, target, deadline, jobs=1, rankings=DEFAULT_HEURISTICS, cs=None):
     """Does ``sub`` fit under ``target``?  Returns (offsets|None, status, nodes).
+
+    ``cs`` is ``sub``'s :class:`CanonicalSearch` when the caller keeps one across probes: its
+    sections and overlaps (O(overlapping pairs), millions on a 70B-class step) are built once,
+    here before the workers fork, and never again in each worker or for each probe.
 
     With ``jobs`` > 1 the rankings are dealt round-robin to worker processes, and their attempts
     are taken in the order one process would make them: the answer is the first attempt in
     that order that settles the question, whichever worker finishes first.  So the offsets do
     not depend on process scheduling (only a deadline can cut a search short)."""
     jobs = max(1, min(int(jobs or 1), len(rankings)))
+    cs = cs if cs is not None else CanonicalSearch(sub)
     if jobs == 1 or len(sub) < 50:
         nodes = 0
-        for status, off, n in _attempts(sub, target, deadline, rankings):
+        for status, off, n in _attempts(cs, target, deadline, rankings):
             nodes += n
         return off, status, nodes
     ctx = mp.get_context("fork") if "fork" in mp.get_all_start_methods() else mp.get_context()
     q = ctx.Queue()
     shares = [rankings[k::jobs] for k in range(jobs)]
-    procs = [ctx.Process(target=_worker, args=(q, k, sub, target, deadline, shares[k]), daemon=True)
+    cs.prepare()  # inherited by the forked workers
+    procs = [ctx.Process(target=_worker, args=(q, k, cs, target, deadline, shares[k]), daemon=True)
              for k in range(jobs)]
     for p in procs:
         p.start()
@@ -181,6 +187,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
     best_h = height_of(sub, best_off)
     info = {"buffers": len(sub), "lower_bound": lb, "heuristic": best_h, "nodes": 0, "probes": []}
     status_final = "heuristic"
+    cs = CanonicalSearch(sub)  # one for every probe
     lo = max(lb, 0)
     goal = target
     proven_lo = lo  # every height below this is proven impossible
@@ -193,7 +200,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
         else:
             share = max(left * (0.6 if not info["probes"] else 0.5), 0.05)
         probe_deadline = time.perf_counter() + share
-        off, status, nodes = decide(sub, goal, probe_deadline, jobs)
+        off, status, nodes = decide(sub, goal, probe_deadline, jobs, cs=cs)
         info["nodes"] += nodes
         info["probes"].append({"target": goal, "status": status})
         if status == "solved":

@@ -82,7 +82,7 @@ import time
 from array import array
 from bisect import bisect_right
 from collections.abc import Sequence
-from itertools import compress
+from itertools import accumulate, compress
 
 from roam_cli.layout import _search
 
@@ -242,7 +242,6 @@ class CanonicalSearch:
         if self.lower_bound > C or max(size) > C:
             return None
         slo, shi, members = self.slo, self.shi, self.members
-        ovl = self._overlaps()
         cols, dynamic = self.key_columns(heuristic, weights)
         order = sorted(range(n), key=lambda i: [c[i] for c in cols] + [i])
         if weights is None:
@@ -252,13 +251,7 @@ class CanonicalSearch:
             rank[i] = r
         S = len(members)
         total = list(self.sec_total)
-        if self._cuts0 is None:
-            cuts = [0] * (S + 1)  # cuts[k]: unplaced buffers covering both section k-1 and k
-            for i in range(n):
-                for k in range(slo[i] + 1, shi[i]):
-                    cuts[k] += 1
-            self._cuts0 = cuts
-        cuts = list(self._cuts0)
+        cuts = list(self._section_cuts())
         minoff = [0] * n
         top = list(size)
         fx = [False] * n
@@ -283,6 +276,7 @@ class CanonicalSearch:
         if engine == "c":
             return self._solve_c(C, order, rank, twin_prev, fixed, node_limit, deadline, weights,
                                  cols, dynamic)
+        ovl = self._overlaps()
         offset = [0] * n
         placed = [False] * n
         witness = [m[0] for m in members]
@@ -486,19 +480,37 @@ class CanonicalSearch:
             return None
         return offset
 
-    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
-        """The same search in C: the problem goes over as int64 arrays (built once)."""
+    def _section_cuts(self) -> list[int]:
+        """cuts[k]: the buffers covering both section k-1 and k (a difference array: the long-lived
+        buffers of a training step cover thousands of sections each)."""
+        if self._cuts0 is None:
+            cuts = [0] * (len(self.members) + 1)
+            for lo, hi in zip(self.slo, self.shi):
+                if lo + 1 < hi:
+                    cuts[lo + 1] += 1
+                    cuts[hi] -= 1
+            self._cuts0 = list(accumulate(cuts))
+        return self._cuts0
+
+    def prepare(self) -> None:
+        """Build the search's arrays now (a caller about to fork workers shares them)."""
+        self._section_cuts()
         if self._arrays is None:
             mem_start = array("q", [0])
             for m in self.members:
                 mem_start.append(mem_start[-1] + len(m))
-            ovl = self._overlaps()
+            # the lists are not kept: the arrays hold them, in a quarter of the memory
+            ovl = self.ovl if self.ovl is not None else overlaps_of(self.lowers, self.uppers)
             ovl_start = array("q", [0])
             for o in ovl:
                 ovl_start.append(ovl_start[-1] + len(o))
             self._arrays = (array("q", self.size), array("q", self.slo), array("q", self.shi),
                             mem_start, array("q", [i for m in self.members for i in m]),
                             ovl_start, array("q", [j for o in ovl for j in o]))
+
+    def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
+        """The same search in C: the problem goes over as int64 arrays (built once)."""
+        self.prepare()
         pinned = array("q", [-1]) * self.n
         for i, off in (fixed or {}).items():
             pinned[i] = int(off)

@@ -12,6 +12,8 @@
   before or at v and a reader at or after it. Buffers nobody reads are left out (a bound may
   undercount). Both bound the peak from below, so peak == bound proves an order optimal."""
 
+import numpy as np
+
 from roam_cli.order.problem import Problem, profile, reachability
 from roam_cli.solvers.maxflow import INF, Network
 
@@ -34,7 +36,7 @@ def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
 
 def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
     n = problem.n
-    total = [problem.base] * n
+    total = np.full(n, problem.base, dtype=np.int64)
     everyone = (1 << n) - 1
     for buf in problem.buffers:
         after = everyone
@@ -48,13 +50,18 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
             for r in buf.readers:
                 before |= anc[r] | 1 << r
         surely = after & before
-        while surely:
-            low = surely & -surely
-            total[low.bit_length() - 1] += buf.bytes
-            surely ^= low
+        if surely:
+            total[members(surely, n)] += buf.bytes
     entered = sum(b.bytes for b in problem.buffers if not b.alloc)
     staying = sum(b.bytes for b in problem.buffers if b.to_end)
-    return max(max(total, default=0), problem.base + max(entered, staying))
+    return max(int(total.max(initial=0)), problem.base + max(entered, staying))
+
+
+def members(bits: int, n: int) -> np.ndarray:
+    """The positions of the set bits of `bits` (< 2**n), ascending: one pass in C, where a loop
+    over the bits of a saved activation's thousands of steps costs each a big-integer operation."""
+    packed = np.frombuffer(bits.to_bytes((n + 7) // 8, "little"), dtype=np.uint8)
+    return np.flatnonzero(np.unpackbits(packed, bitorder="little")[:n])
 
 
 def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> int:
@@ -62,29 +69,48 @@ def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> i
 
 
 def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tuple[int, list[int]]:
-    """(the least live bytes of v's step in any order, the nodes that run before v there)."""
+    """(the least live bytes of v's step in any order, the nodes that run before v there).
+
+    Only the nodes unordered with v are free to run before or after it: v's ancestors are
+    contracted into the source, v and its descendants into the sink, and a buffer whose side
+    they settle costs its bytes as a constant (allocated by an ancestor or v, read by v or a
+    descendant) or nothing. The network holds the rest, a fraction of a large graph."""
     n = problem.n
-    source, sink, v_alloc = n, n + 1, n + 2
-    net = Network(n + 3 + 2 * len(problem.buffers))
-    for w in range(n):
-        for u in problem.preds[w]:
-            net.add(w, u, INF)
-        if anc[v] >> w & 1:
-            net.add(source, w, INF)
-        elif w == v or desc[v] >> w & 1:
-            net.add(w, sink, INF)
-    net.add(source, v_alloc, INF)
-    for b, buf in enumerate(problem.buffers):
+    before_v = np.zeros(n, dtype=bool)
+    before_v[members(anc[v], n)] = True
+    after_v = np.zeros(n, dtype=bool)
+    after_v[members(desc[v], n)] = True
+    after_v[v] = True
+    free = np.flatnonzero(~before_v & ~after_v).tolist()
+    index = {w: k for k, w in enumerate(free)}
+    source, sink = len(free), len(free) + 1
+    constant = 0
+    cut = []  # (allocating vertices, bytes, reading vertices) of the buffers the cut decides
+    for buf in problem.buffers:
         if not buf.readers and not buf.to_end:
             continue
-        y, z = n + 3 + 2 * b, n + 4 + 2 * b
-        for a in buf.alloc or (source,):
-            net.add(v_alloc if a == v else a, y, INF)
-        net.add(y, z, buf.bytes)
-        if buf.to_end:
-            net.add(z, sink, INF)
-        for r in buf.readers:
+        allocated = not buf.alloc or any(before_v[a] or a == v for a in buf.alloc)
+        allocators = [index[a] for a in buf.alloc if a in index]
+        read = buf.to_end or any(after_v[r] for r in buf.readers)
+        readers = [index[r] for r in buf.readers if r in index]
+        if (not allocated and not allocators) or (not read and not readers):
+            continue  # allocated after v's step, or freed before it, in every order
+        if allocated and read:
+            constant += buf.bytes
+        else:
+            cut.append(([source] if allocated else allocators, buf.bytes, [sink] if read else readers))
+    net = Network(len(free) + 2 + 2 * len(cut))
+    for w in free:
+        for u in problem.preds[w]:
+            if u in index:
+                net.add(index[w], index[u], INF)
+    for b, (allocators, size, readers) in enumerate(cut):
+        y, z = len(free) + 2 + 2 * b, len(free) + 3 + 2 * b
+        for a in allocators:
+            net.add(a, y, INF)
+        net.add(y, z, size)
+        for r in readers:
             net.add(z, r, INF)
     flow = net.max_flow(source, sink)
-    before = net.reachable(source)
-    return problem.base + flow, [w for w in range(n) if before[w]]
+    reached = net.reachable(source)
+    return problem.base + constant + flow, [w for w in range(n) if before_v[w] or (w in index and reached[index[w]])]

@@ -18,6 +18,8 @@ and `Reduction.expand()` turns any order of the reduced problem into an order of
 with the same peak."""
 
 from dataclasses import dataclass
+from fractions import Fraction
+from itertools import pairwise
 
 from roam_cli.order.problem import Buffer, Problem, reachability
 
@@ -30,14 +32,33 @@ class Reduction:
 
     def expand(self, order: list[int]) -> list[int]:
         """An order of the original problem: undo the removals last to first, each node put right
-        after the last of its anchors (after) or right before the first of them (before)."""
+        after the last of its anchors (after) or right before the first of them (before).
+
+        The sequence is a linked list whose nodes carry rational labels in sequence order (an
+        insertion takes the midpoint of its neighbours'), so each undo costs its anchors, not a
+        search of a list of tens of thousands of nodes."""
         seq = [self.kept[v] for v in order]
+        ends = (None, *seq, None)
+        after = dict(pairwise(ends))  # None -> the first node
+        before = dict(zip(ends[1:], ends[:-1]))  # None -> the last node
+        label = {v: Fraction(i) for i, v in enumerate(seq)}
+
+        def insert(v: int, left: int | None) -> None:
+            right = after[left]
+            low = label[left] if left is not None else (label[right] - 1 if right is not None else Fraction(0))
+            label[v] = (low + label[right]) / 2 if right is not None else low + 1
+            after[left], after[v], before[v], before[right] = v, right, left, v
+
         for v, rule, anchors in reversed(self.removed):
             if rule == "after":
-                seq.insert(max((seq.index(a) for a in anchors), default=-1) + 1, v)
+                insert(v, max(anchors, key=label.__getitem__, default=None))
             else:
-                seq.insert(min(seq.index(a) for a in anchors), v)
-        return seq
+                insert(v, before[min(anchors, key=label.__getitem__)])
+        out, v = [], after[None]
+        while v is not None:
+            out.append(v)
+            v = after[v]
+        return out
 
 
 RULES = ("after", "before")
