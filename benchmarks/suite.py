@@ -5,6 +5,7 @@
     python benchmarks/suite.py --only gpt2_small,bert_base --out DIR
     python benchmarks/suite.py --list               # the models and their sizes
     python benchmarks/suite.py --tiny --forward-only --out tests/fixtures   # the test fixtures
+    python benchmarks/suite.py --only gpt2_xl --layers 2 --out DIR   # gpt2_xl_2l: 2 of its 48 blocks
 
 Each model is a Hugging Face model built from its configuration on `torch.device("meta")`: no
 download, no weight is ever allocated (random-weight configs, so nothing is folded or merged by
@@ -33,7 +34,7 @@ import resource
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -84,6 +85,19 @@ TINY = [  # the same families at toy sizes: the test fixtures (tests/fixtures/<m
     Model("tiny_resnet", "resnet", dict(embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic",
                                         num_labels=10), batch=2, seq=32),
 ]
+
+
+LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")  # GPT-2, BERT and ViT, T5
+
+
+def with_layers(spec: Model, layers: int) -> Model:
+    """The same architecture with `layers` blocks (hidden size, heads, vocabulary unchanged: every
+    op kind and shape of the full model), named `<model>_<layers>l`: numerics on models too large
+    to run whole. Built on the CPU with its random initial weights, embedded in forward.onnx."""
+    key = next((k for k in LAYER_KEYS if k in spec.config), None)
+    if key is None:
+        raise SystemExit(f"{spec.name}: --layers applies to the transformers only")
+    return replace(spec, name=f"{spec.name}_{layers}l", config={**spec.config, key: layers})
 
 
 def build(spec: Model, meta: bool = True):
@@ -190,6 +204,7 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated model names (default: all, in the listed order)")
     p.add_argument("--tiny", action="store_true", help="the toy-sized models (test fixtures) instead")
     p.add_argument("--forward-only", action="store_true", help="only export forward.onnx (how the fixtures are made)")
+    p.add_argument("--layers", type=int, help="keep only this many transformer blocks (named <model>_<N>l)")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore")  # the exporter warns about every traced HF construct
@@ -204,15 +219,17 @@ def main(argv=None) -> int:
     unknown = set(a.only.split(",")) - {m.name for m in pool} if a.only else set()
     if unknown:
         p.error(f"unknown models: {', '.join(sorted(unknown))} (see --list)")
+    if a.layers:
+        chosen = [with_layers(m, a.layers) for m in chosen]
     header = ("model", "size", "param tensors", "parameters", "forward nodes", "training nodes", "full-step nodes",
               "export s", "artifacts s", "full step s")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     if a.forward_only:
         for spec in chosen:
-            print(f"wrote {export(spec, a.out)[0]}")
+            print(f"wrote {export(spec, a.out, meta=not a.layers)[0]}")
         return 0
     for spec in chosen:
-        r = make(spec, a.out)
+        r = make(spec, a.out, meta=not a.layers)
         print(f"| {r['model']} | {r['size']} | {r['params']} | {r['elements']:,} | {r['forward']:,} | "
               f"{r['training']:,} | {r['full_step']:,} | {r['export_s']:.1f} | {r['artifacts_s']:.1f} | "
               f"{r['full_step_s']:.1f} |", flush=True)
