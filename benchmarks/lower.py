@@ -79,8 +79,8 @@ def main() -> None:
             print(f"{r['graph']:40} {r['nodes'][0]:>10,} -> {r['nodes'][1]:>7,} "
                   f"{f['peak_live_bytes'] / MIB:>13.2f} / {lo['peak_live_bytes'] / MIB:>10.2f} "
                   f"{f['arena_bytes'] / MIB:>11.2f} / {lo['arena_bytes'] / MIB:>10.2f} {r['ratio']:>7.4f}", flush=True)
-    if args.json:
-        args.json.write_text(json.dumps(rows, indent=1) + "\n")
+            if args.json:  # after every row: the large graphs take minutes each
+                args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 
     python benchmarks/lower_check.py                                   # the bundled sample
     python benchmarks/lower_check.py /work/suite_cache --ort131 /work/venvs/ort131/bin/python
+    python benchmarks/lower_check.py /work/suite_cache/gpt2_xl --structural   # too large to run here
 
 A folder stands for every training_model.onnx, full_step.onnx and optimizer_model.onnx under it.
 Weights the graph keeps outside (the suite's are never written) are replaced by random ones
@@ -12,11 +13,17 @@ onnxruntime-training, the lowered one (`roam_cli.lower`) in the same runtime; th
 difference is the largest over all outputs of |lowered - fused| relative to that output's
 largest value. With --ort131, the lowered graph also runs under that interpreter's onnxruntime
 (a separate environment: the two runtimes ship the same module). Optimizer graphs (sequence
-inputs) are only run, not compared: feeding them needs sequences of the parameters."""
+inputs) are only run, not compared: feeding them needs sequences of the parameters. Every row
+counts the nodes left outside standard ONNX and runs `onnx.checker.check_model(full_check=True)`
+on the lowered graph saved to a file (the path form, which models over 2 GB need; a sparse
+stand-in takes the place of each external-data file). --structural stops there: for graphs
+whose inputs and outputs do not fit in memory (run the numerics on `benchmarks/suite.py
+--layers N`, the same architecture with fewer blocks). --json writes the rows."""
 
 from __future__ import annotations
 
 import argparse
+import json
 import subprocess
 import sys
 import tempfile
@@ -28,7 +35,8 @@ from onnx import numpy_helper
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
-from roam_cli.lower import lower_model  # noqa: E402
+from roam_cli.frontend.training_graph import external_data_stand_ins  # noqa: E402
+from roam_cli.lower import lower_model, nonstandard_nodes  # noqa: E402
 
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
 GRAPHS = ("training_model.onnx", "full_step.onnx", "optimizer_model.onnx")
@@ -80,11 +88,22 @@ def feeds_for(sess) -> dict:
     return feeds
 
 
-def check(path: Path, ort131: str | None, folder: Path) -> str:
-    fused = with_weights(path)
+def checked_on_disk(lowered: onnx.ModelProto) -> None:
+    """onnx.checker.check_model(path, full_check=True) on the lowered model written to a scratch folder."""
+    with external_data_stand_ins(lowered) as scratch:
+        onnx.save(lowered, str(scratch / "lowered.onnx"))
+        onnx.checker.check_model(str(scratch / "lowered.onnx"), full_check=True)
+
+
+def check(path: Path, ort131: str | None, folder: Path, structural: bool) -> dict:
+    fused = onnx.load(str(path), load_external_data=False) if structural else with_weights(path)
     lowered = lower_model(fused)
-    row = f"{path.parent.name}/{path.name}: {len(fused.graph.node)} -> {len(lowered.graph.node)} nodes"
-    onnx.checker.check_model(lowered, full_check=True)
+    row = dict(graph=f"{path.parent.name}/{path.name}", nodes=[len(fused.graph.node), len(lowered.graph.node)],
+               nonstandard_after=len(nonstandard_nodes(lowered)))
+    checked_on_disk(lowered)
+    row["check_model"] = "passed"
+    if structural:
+        return row
     if not path.name.startswith("optimizer"):
         for n in fused.graph.node:  # the fused accumulators' results, under the lowered names
             if n.op_type == "InPlaceAccumulatorV2" and len(n.output) == 1:
@@ -96,18 +115,27 @@ def check(path: Path, ort131: str | None, folder: Path) -> str:
         theirs = session(fused)  # its accumulators write into their inputs: each run gets its own copy
         want = dict(zip([o.name for o in theirs.get_outputs()], theirs.run(None, {k: v.copy() for k, v in feeds.items()})))
         got = dict(zip(names, ours.run(None, {k: v.copy() for k, v in feeds.items()})))
-        diff = max(float(np.abs(got[k].astype(np.float64) - want[k]).max() / max(np.abs(want[k]).max(), 1e-30))
-                   for k in names if want[k].dtype != np.bool_)
-        row += f"; loss {float(np.ravel(want[names[0]])[0]):.6f}; max relative difference {diff:.2e}"
+        diff = {k: float(np.abs(got[k].astype(np.float64) - want[k]).max() / max(np.abs(want[k]).max(), 1e-30))
+                for k in names if want[k].dtype != np.bool_}
+        worst = max(diff, key=diff.get)
+        row.update(loss=float(np.ravel(want[names[0]])[0]), max_relative_difference=diff[worst], worst_output=worst)
     if ort131:
         model_path, feeds_path = folder / "lowered.onnx", folder / "feeds.npz"
         onnx.save(lowered, str(model_path))
         np.savez(feeds_path, **feeds_for(session(lowered)))
         run = subprocess.run([ort131, "-c", RUN, str(model_path), str(feeds_path)], capture_output=True, text=True)
         version, first = run.stdout.split() if run.returncode == 0 else ("", "")
-        row += (f"; onnxruntime {version} runs it (first output {first})" if run.returncode == 0
-                else f"; FAILED under {ort131}: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
+        row["ort131"] = (f"onnxruntime {version} runs it (first output {first})" if run.returncode == 0
+                         else f"FAILED under {ort131}: {(run.stderr.strip().splitlines() or ['?'])[-1]}")
     return row
+
+
+def line(row: dict) -> str:
+    text = (f"{row['graph']}: {row['nodes'][0]} -> {row['nodes'][1]} nodes; {row['nonstandard_after']} nonstandard "
+            f"left; check_model {row['check_model']}")
+    if "loss" in row:
+        text += f"; loss {row['loss']:.6f}; max relative difference {row['max_relative_difference']:.2e}"
+    return text + (f"; {row['ort131']}" if "ort131" in row else "")
 
 
 def main() -> None:
@@ -115,13 +143,19 @@ def main() -> None:
     ap.add_argument("paths", nargs="*", type=Path, default=[SAMPLE])
     ap.add_argument("--only", help="Suite models (folder names), comma-separated.")
     ap.add_argument("--ort131", help="A Python whose onnxruntime is today's (it runs the lowered graphs too).")
+    ap.add_argument("--structural", action="store_true", help="Lower and check only: no run.")
+    ap.add_argument("--json", type=Path, help="Write the rows here.")
     args = ap.parse_args()
     only = set(args.only.split(",")) if args.only else None
     graphs = [q for p in args.paths for q in (sorted(x for n in GRAPHS for x in p.rglob(n)) if p.is_dir() else [p])]
+    rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for g in graphs:
             if not only or g.parent.name in only:
-                print(check(g, args.ort131, Path(tmp)), flush=True)
+                rows.append(check(g, args.ort131, Path(tmp), args.structural))
+                print(line(rows[-1]), flush=True)
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@
     python benchmarks/suite.py --only gpt2_small,bert_base --out DIR
     python benchmarks/suite.py --list               # the models and their sizes
     python benchmarks/suite.py --tiny --forward-only --out tests/fixtures   # the test fixtures
+    python benchmarks/suite.py --only gpt2_xl --layers 2 --out DIR   # gpt2_xl_2l: 2 of its 48 blocks
 
 Each model is a Hugging Face model built from its configuration on `torch.device("meta")`: no
 download, no weight is ever allocated (random-weight configs, so nothing is folded or merged by
@@ -33,7 +34,7 @@ import resource
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -45,10 +46,11 @@ SEED = 1234
 @dataclass(frozen=True)
 class Model:
     name: str
-    family: str  # gpt2 | bert | t5 | vit | resnet
+    family: str  # gpt2 | bert | t5 | vit | resnet | llama
     config: dict = field(hash=False)
     batch: int = 1
     seq: int = 0  # tokens (language models) or image side in pixels (vision)
+    meta: bool = True  # False: built on the CPU with its initial weights (embedded in forward.onnx)
 
     @property
     def size(self) -> str:
@@ -76,6 +78,13 @@ MODELS = [
                                  decoder_start_token_id=0), batch=4, seq=128),
     Model("gpt2_xl", "gpt2", dict(GPT2, n_layer=48, n_embd=1600, n_head=25), batch=1, seq=512),
 ]
+# Built only when named (--only): the LLaMA architecture (RMSNorm, rotary embeddings, SiLU gate,
+# grouped-query attention) at a toy size, which no default suite model has.
+NAMED_ONLY = [
+    Model("llama_tiny", "llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
+          batch=2, seq=16, meta=False),  # torch.export fails on its rotary embedding on the meta device
+]
 TINY = [  # the same families at toy sizes: the test fixtures (tests/fixtures/<model>/forward.onnx)
     Model("tiny_gpt2", "gpt2", dict(vocab_size=512, n_positions=64, n_layer=1, n_embd=32, n_head=2,
                                     bos_token_id=0, eos_token_id=0), batch=2, seq=16),
@@ -86,6 +95,19 @@ TINY = [  # the same families at toy sizes: the test fixtures (tests/fixtures/<m
 ]
 
 
+LAYER_KEYS = ("n_layer", "num_hidden_layers", "num_layers")  # GPT-2, BERT and ViT, T5
+
+
+def with_layers(spec: Model, layers: int) -> Model:
+    """The same architecture with `layers` blocks (hidden size, heads, vocabulary unchanged: every
+    op kind and shape of the full model), named `<model>_<layers>l`: numerics on models too large
+    to run whole. Built on the CPU with its random initial weights, embedded in forward.onnx."""
+    key = next((k for k in LAYER_KEYS if k in spec.config), None)
+    if key is None:
+        raise SystemExit(f"{spec.name}: --layers applies to the transformers only")
+    return replace(spec, name=f"{spec.name}_{layers}l", config={**spec.config, key: layers}, meta=False)
+
+
 def build(spec: Model, meta: bool = True):
     """(module in train mode, example args, input names, output names, --loss) for a model."""
     import contextlib
@@ -94,6 +116,7 @@ def build(spec: Model, meta: bool = True):
 
     family = {
         "gpt2": (hf.GPT2Config, hf.GPT2LMHeadModel, dict(use_cache=False)),
+        "llama": (hf.LlamaConfig, hf.LlamaForCausalLM, dict(use_cache=False)),
         "bert": (hf.BertConfig, hf.BertForMaskedLM, {}),
         "t5": (hf.T5Config, hf.T5ForConditionalGeneration, dict(use_cache=False)),
         "vit": (hf.ViTConfig, hf.ViTForImageClassification, {}),
@@ -190,29 +213,33 @@ def main(argv=None) -> int:
     p.add_argument("--only", help="comma-separated model names (default: all, in the listed order)")
     p.add_argument("--tiny", action="store_true", help="the toy-sized models (test fixtures) instead")
     p.add_argument("--forward-only", action="store_true", help="only export forward.onnx (how the fixtures are made)")
+    p.add_argument("--layers", type=int, help="keep only this many transformer blocks (named <model>_<N>l)")
     p.add_argument("--list", action="store_true", help="list the models and exit")
     a = p.parse_args(argv)
     warnings.filterwarnings("ignore")  # the exporter warns about every traced HF construct
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
     logging.getLogger("torch._export").setLevel(logging.ERROR)
     pool = TINY if a.tiny else MODELS
+    named = pool + ([] if a.tiny else NAMED_ONLY)
     if a.list:
-        for m in pool:
+        for m in named:
             print(f"{m.name:12} {m.family:7} {m.size}")
         return 0
-    chosen = pool if not a.only else [m for m in pool if m.name in a.only.split(",")]
-    unknown = set(a.only.split(",")) - {m.name for m in pool} if a.only else set()
+    chosen = pool if not a.only else [m for m in named if m.name in a.only.split(",")]
+    unknown = set(a.only.split(",")) - {m.name for m in named} if a.only else set()
     if unknown:
         p.error(f"unknown models: {', '.join(sorted(unknown))} (see --list)")
+    if a.layers:
+        chosen = [with_layers(m, a.layers) for m in chosen]
     header = ("model", "size", "param tensors", "parameters", "forward nodes", "training nodes", "full-step nodes",
               "export s", "artifacts s", "full step s")
     print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     if a.forward_only:
         for spec in chosen:
-            print(f"wrote {export(spec, a.out)[0]}")
+            print(f"wrote {export(spec, a.out, meta=spec.meta)[0]}")
         return 0
     for spec in chosen:
-        r = make(spec, a.out)
+        r = make(spec, a.out, meta=spec.meta)
         print(f"| {r['model']} | {r['size']} | {r['params']} | {r['elements']:,} | {r['forward']:,} | "
               f"{r['training']:,} | {r['full_step']:,} | {r['export_s']:.1f} | {r['artifacts_s']:.1f} | "
               f"{r['full_step_s']:.1f} |", flush=True)
