@@ -60,31 +60,24 @@ class Step:
 
 
 class ArenaAllocator:
-    """Serves one device's ORT allocations from an arena laid out by roam after the first step.
-    One per device at a time: the C side holds one arena per device."""
-
-    active: dict[str, "ArenaAllocator"] = {}
+    """Serves one session's ORT allocations from an arena laid out by roam after the first step.
+    Each has a state of its own in the C extension; several may live in one process, one in a
+    step per thread at a time. close() ends it (also after a failed step)."""
 
     def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0):
+        self.handle: int | None = None
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
-        if device in ArenaAllocator.active:
-            raise RoamError(f"an arena allocator for {device} is in use already: close it first")
         self.device, self.strategy, self.time_limit = device, strategy, time_limit
         self.steps = 0
         self.recording: Recording | None = None
         self.layout: dict = {}
-        if device == "cpu":
-            try:
-                _planalloc.install(ORT_LIBRARY)
-            except RuntimeError as e:
-                raise RoamError(f"cannot serve ONNX Runtime's CPU allocations: {e}") from None
-        else:
-            try:
+        try:
+            if device == "cuda":
                 self.cuda_functions = _planalloc.cuda_functions()
-            except RuntimeError as e:
-                raise RoamError(f"cannot serve ONNX Runtime's CUDA allocations: {e}") from None
-        ArenaAllocator.active[device] = self
+            self.handle = _planalloc.new_session(device, ORT_LIBRARY)
+        except RuntimeError as e:
+            raise RoamError(f"cannot serve ONNX Runtime's {device.upper()} allocations: {e}") from None
 
     def session_options(self, options: ort.SessionOptions) -> ort.SessionOptions:
         """`options` made to send every tensor to this allocator, one request per tensor."""
@@ -108,11 +101,11 @@ class ArenaAllocator:
         self.steps += 1
         current = Step(self.steps, recorded=self.recording is None)
         if current.recorded:
-            _planalloc.begin_record(self.device)
+            self._begin(_planalloc.begin_record)
             try:
                 yield current
             finally:
-                sizes, allocs, frees, events = _planalloc.end_record(self.device)
+                sizes, allocs, frees, events = _planalloc.end_record(self.handle)
             if not sizes:
                 raise RoamError(f"roam's allocator saw none of {RUNTIME}'s {self.device} allocations (it allocates "
                                 "otherwise than the hooks expect): run with --allocator ort")
@@ -120,23 +113,38 @@ class ArenaAllocator:
             current.stats = {"recorded": len(sizes), "recorded_bytes": sum(sizes)}
             self._load(self.recording)
         else:
-            _planalloc.begin_step(self.device)
+            self._begin(_planalloc.begin_step)
             try:
                 yield current
             finally:
-                current.stats = _planalloc.end_step(self.device)
+                current.stats = _planalloc.end_step(self.handle)
+
+    def _begin(self, begin) -> None:
+        if self.handle is None:
+            raise RoamError("roam's allocator is closed")
+        try:
+            begin(self.handle)
+        except RuntimeError as e:
+            raise RoamError(f"roam's allocator cannot begin step {self.steps}: {e}") from None
 
     def _load(self, recording: Recording) -> None:
         t = time.perf_counter()
         buffers = recording.buffers
         placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
-        pairs = _planalloc.load_plan(self.device, recording.sizes, placed.offsets, [b[2] for b in buffers],
+        pairs = _planalloc.load_plan(self.handle, recording.sizes, placed.offsets, [b[2] for b in buffers],
                                      placed.arena)
         self.layout = {"strategy": self.strategy, "requests": len(buffers), "arena_bytes": placed.arena,
                        "peak_live_bytes": layout.peak_live(buffers), "address_sharing_pairs": pairs,
                        "seconds": time.perf_counter() - t}
 
-    def close(self) -> None:
-        """Free the arena (every buffer ORT had from it must be gone)."""
-        _planalloc.drop(self.device)
-        ArenaAllocator.active.pop(self.device, None)
+    def close(self) -> int:
+        """Stop serving, at once, and free the arena: now, or when the last buffer ORT still holds
+        from it is freed (returns how many such buffers there are). The last allocator to close
+        gives ORT's library its own allocation entries back. Closing twice does nothing."""
+        if self.handle is None:
+            return 0
+        held, self.handle = _planalloc.close(self.handle), None
+        return held
+
+    def __del__(self):
+        self.close()

@@ -155,8 +155,9 @@ class PlannedSession:
                       for name in self.state_names}
 
     def close(self) -> None:
-        """End the session and give its arena back (the state stays readable)."""
-        del self.session
+        """End the session and give its arena back (the state stays readable). Safe after a failed
+        step, and twice."""
+        self.session = None
         if self.arena is not None:
             self.arena.close()
 
@@ -309,8 +310,17 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
-    kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
     planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena)
+    try:
+        return run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator,
+                         compare, report)
+    finally:
+        planned.close()
+
+
+def run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator, compare,
+              report) -> dict:
+    kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
     arrays = read_batches(inputs_path, planned)
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
     planned.set_state(start)
@@ -330,7 +340,6 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
     }
     if compare:
         figures["compare"] = compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed)
-    planned.close()
     return figures
 
 
@@ -341,14 +350,16 @@ def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, s
     each relative to the reference's largest magnitude (`execute.difference`)."""
     plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False,
                            recomputing=False, in_place=False)
-    plain.set_state(start)
-    per_step, seconds = [], []
-    for r in rows:
-        ref = plain.step(batch_for(r.number, start, arrays, plain))
-        per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
-        seconds.append(ref.seconds)
-    got, ref_state = planned.state_arrays(), plain.state_arrays()
-    plain.close()
+    try:
+        plain.set_state(start)
+        per_step, seconds = [], []
+        for r in rows:
+            ref = plain.step(batch_for(r.number, start, arrays, plain))
+            per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
+            seconds.append(ref.seconds)
+        got, ref_state = planned.state_arrays(), plain.state_arrays()
+    finally:
+        plain.close()
     return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
             "state_max_rel": max((relative_difference(ref_state[n], got[n]) for n in ref_state), default=0.0),
             "state_tensors": len(ref_state), "plain_seconds": seconds}
