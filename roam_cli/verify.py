@@ -8,6 +8,7 @@ import heapq
 from dataclasses import dataclass
 
 from roam_cli import pair
+from roam_cli.core.errors import CheckFailed
 from roam_cli.core.graph import Graph, Node
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
@@ -271,3 +272,12 @@ def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:
         live.insert(k, (offset, offset + size, name))
         live_offsets.insert(k, offset)
         heapq.heappush(expiry, (last_step, offset))
+
+
+def require(graph: Graph, sha256: str, plan: dict) -> Summary:
+    """verify() for the commands that run a plan (train, execute): one that does not hold stops
+    them before their first step, with the broken rule (CheckFailed: exit 1)."""
+    try:
+        return verify(graph, sha256, plan)
+    except Violation as v:
+        raise CheckFailed(f"the plan does not hold for this model: {v}") from None

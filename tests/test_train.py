@@ -203,3 +203,48 @@ def test_a_fused_step_where_the_runtime_lacks_its_ops_is_one_line_naming_op_and_
     r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", "1")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "com.microsoft:" in r.err and "roam lower" in r.err and "onnxruntime-training" in r.err
+
+
+def another_valid_order(model_path, order):
+    """The plan's order with the first two neighbours that do not depend on each other swapped."""
+    import onnx
+
+    nodes = {n.name: n for n in onnx.load(str(model_path), load_external_data=False).graph.node}
+    for i in range(len(order) - 1):
+        first, second = nodes[order[i]], nodes[order[i + 1]]
+        if not set(first.output) & set(second.input):
+            return order[:i] + [order[i + 1], order[i]] + order[i + 2:]
+    raise AssertionError("no two independent neighbours")
+
+
+@pytest.mark.parametrize("edit", ["reversed order", "another valid order", "offsets all zero"])
+def test_an_edited_plan_is_refused_before_step_1(sample_step, tmp_path, edit):
+    """The pair is verified before ORT runs anything: exit 1 and the broken rule in one line."""
+    plan = json.loads((sample_step / "plan.json").read_text())
+    if edit == "reversed order":
+        plan["order"] = plan["order"][::-1]
+    elif edit == "another valid order":  # the tensors' lifetimes no longer follow the order
+        plan["order"] = another_valid_order(sample_step / "step.onnx", plan["order"])
+    else:
+        for t in plan["tensors"]:
+            t["offset"] = 0 if t["offset"] is not None else None
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    r = roam("train", sample_step / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", "2")
+    assert r.code == 1 and "step 1" not in r.out, (r.code, r.out, r.err)
+    lines = r.err.strip().splitlines()
+    assert len(lines) == 1 and "the plan does not hold" in lines[0], r.err
+    assert ("overlaps" in lines[0]) if edit == "offsets all zero" else ("before it is produced" in lines[0]
+                                                                       or "lives over steps" in lines[0])
+
+
+def test_a_plan_for_another_batch_size_is_refused_before_running(tmp_path):
+    """A plan made with batch 2, its `dims` edited to batch 4: the tensors it gives are too small."""
+    m = model([node("Add", ["x", "x"], ["a"]), node("Mul", ["a", "a"], ["b"])], [("x", ["batch", 100])],
+              [("b", ["batch", 100])])
+    path = save(m, tmp_path / "sym.onnx")
+    assert roam("optimize", path, "-o", tmp_path / "plan.json", "--dim", "batch=2").code == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    plan["dims"] = {"batch": 4}
+    (tmp_path / "plan4.json").write_text(json.dumps(plan))
+    r = roam("execute", path, "--plan", tmp_path / "plan4.json")
+    assert r.code == 1 and "the plan does not hold" in r.err and "'x' needs 1600 bytes" in r.err, r.err

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from roam_cli import pair
+from roam_cli import pair, verify
 from roam_cli.core import annotate
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
@@ -280,6 +280,7 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     with pair.planned_graph(model_path, plan) as imported:
         if pair.member(plan, imported.sha256) is None:
             raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+        verify.require(imported.graph, imported.sha256, plan)
         return execute_graph(imported, model_path, plan, device, inputs_path, seed, progress)
 
 

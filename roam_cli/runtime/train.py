@@ -26,7 +26,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from roam_cli import pair
+from roam_cli import pair, verify
 from roam_cli.core import memory
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
@@ -85,6 +85,7 @@ class PlannedSession:
         with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
             if pair.member(plan, imported.sha256) is None:
                 raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+            verify.require(imported.graph, imported.sha256, plan)
             if gradient_accumulators(imported.model.graph):
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
