@@ -335,9 +335,12 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of synthetic inputs and of random ops.")
 @click.option("--compare", is_flag=True,
               help="Run the same steps on a plain ORT session too and check outputs and final state (1e-5).")
+@click.option("--allow-unplanned", is_flag=True,
+              help="Serve requests the plan does not cover from the system and count them, instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
-def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare, as_json):
+def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
+          allow_unplanned, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -360,7 +363,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     show = not (as_json or obj["quiet"])
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
-                          on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
+                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:

@@ -43,10 +43,10 @@ def test_a_collection_during_end_of_step_does_not_hang(tmp_path, threshold):
             cycle = [out]; cycle.append(cycle); del out, cycle
             gc.set_threshold({threshold}); gc.enable()
             if k == 0:
-                sizes, allocs, frees, events = _planalloc.end_record(arena.handle)
+                sizes, allocs, frees, times, events = _planalloc.end_record(arena.handle)
                 gc.set_threshold(700)
                 arena._load(__import__("roam_cli.runtime.allocator", fromlist=["Recording"]).Recording(
-                    sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)]))
+                    sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)], times))
             else:
                 stats = _planalloc.end_step(arena.handle)
                 gc.set_threshold(700)

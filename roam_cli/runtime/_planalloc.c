@@ -42,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { OFF = 0, RECORD = 1, SERVE = 2 };
@@ -155,7 +156,7 @@ static void vec_free(Vec *a) {
 /* ---- per-session state ---- */
 
 typedef struct {
-    int64_t requests, served, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
+    int64_t requests, served, served_planned, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
     int64_t fallback_peak, high_water;
     int64_t miss_request, miss_size, miss_slot; /* the step's first unplanned request (-1: none) */
 } Stats;
@@ -166,6 +167,7 @@ typedef struct Session {
     pthread_t owner;
     /* RECORD */
     Vec rec_size, rec_alloc, rec_free; /* per request: bytes, alloc event, free event (-1: live) */
+    Vec rec_time; /* and when it came (CLOCK_REALTIME ns: the clock of ORT's profiler on Linux) */
     int64_t events;
     int rec_failed;
     PtrMap rec_live; /* pointer -> request */
@@ -173,7 +175,7 @@ typedef struct Session {
     int64_t n;
     int64_t *size, *offset;
     int64_t *ov_start, *ov; /* CSR: slots whose bytes overlap slot i's (at other times) */
-    char *live, *taken;
+    char *live, *taken, *planned; /* planned: the slot is a tensor of roam's plan, at its offset */
     char *base;
     int64_t arena_bytes;
     int64_t cursor;
@@ -235,39 +237,47 @@ static int in_arena(const Session *s, const void *p) {
     return s->base && (const char *)p >= s->base && (const char *)p < s->base + s->arena_bytes;
 }
 
-/* A slot for a request of `size` bytes at `align`, or -1. */
-static int64_t match_slot(Session *s, size_t size, size_t align) {
+static int conflicts(Session *s, int64_t j) {
+    for (int64_t k = s->ov_start[j]; k < s->ov_start[j + 1]; k++)
+        if (s->live[s->ov[k]]) {
+            s->st.conflicts++;
+            return 1;
+        }
+    return 0;
+}
+
+/* A slot for request k of `size` bytes at `align`, or -1: slot k itself when it fits (the request
+ * is the one recorded there), else the first free slot of that size a little past the cursor (the
+ * sequence moved: a one-off request skipped). A slot whose bytes are held by a live one is refused. */
+static int64_t match_slot(Session *s, int64_t k, size_t size, size_t align) {
     if ((uintptr_t)s->base % align) return -1;
+    if (k < s->n && !s->taken[k] && s->size[k] == (int64_t)size && s->offset[k] % (int64_t)align == 0)
+        return conflicts(s, k) ? -1 : k;
     int64_t end = s->cursor + LOOKAHEAD < s->n ? s->cursor + LOOKAHEAD : s->n;
     for (int64_t j = s->cursor; j < end; j++) {
-        if (s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align) continue;
-        for (int64_t k = s->ov_start[j]; k < s->ov_start[j + 1]; k++)
-            if (s->live[s->ov[k]]) {
-                s->st.conflicts++;
-                return -1;
-            }
-        return j;
+        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align) continue;
+        return conflicts(s, j) ? -1 : j;
     }
     return -1;
 }
 
 typedef struct {
     int64_t *size, *offset, *ov_start, *ov;
-    char *live, *taken, *base;
+    char *live, *taken, *planned, *base;
     int64_t n, arena_bytes;
 } Plan;
 
 static void free_plan(int d, Plan *p) {
-    free(p->size), free(p->offset), free(p->ov_start), free(p->ov), free(p->live), free(p->taken);
+    free(p->size), free(p->offset), free(p->ov_start), free(p->ov), free(p->live), free(p->taken), free(p->planned);
     if (p->base) device_free(d, p->base);
     memset(p, 0, sizeof *p);
 }
 
 /* Under the lock: the session's plan moved out into `p` (freed later, outside the lock). */
 static void take_plan(Session *s, Plan *p) {
-    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->base, s->n, s->arena_bytes};
+    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->planned, s->base, s->n, s->arena_bytes};
     s->size = s->offset = s->ov_start = s->ov = NULL;
-    s->live = s->taken = s->base = NULL;
+    s->live = s->taken = s->planned = s->base = NULL;
     s->n = s->arena_bytes = 0;
     map_clear(&s->served);
 }
@@ -279,7 +289,7 @@ static void destroy(Session *s) {
     Plan p;
     take_plan(s, &p);
     free_plan(s->device, &p);
-    vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free);
+    vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free), vec_free(&s->rec_time);
     map_clear(&s->rec_live), map_clear(&s->fallback);
     int cpu = s->device == CPU;
     free(s);
@@ -308,12 +318,13 @@ static void *allocate(int d, size_t size, size_t align) {
     }
     if (s->mode == SERVE) {
         int64_t k = s->st.requests++;
-        int64_t j = match_slot(s, size, align);
+        int64_t j = match_slot(s, k, size, align);
         if (j >= 0 && map_put(&s->served, (uintptr_t)(s->base + s->offset[j]), j) == 0) {
             s->taken[j] = s->live[j] = 1;
             while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
             p = s->base + s->offset[j];
             s->st.served++;
+            s->st.served_planned += j == k && s->planned[j]; /* its own slot: the plan's offset */
             s->st.served_bytes += (int64_t)size;
             if (s->offset[j] + (int64_t)size > s->st.high_water) s->st.high_water = s->offset[j] + (int64_t)size;
             pthread_mutex_unlock(&lock);
@@ -333,7 +344,10 @@ static void *allocate(int d, size_t size, size_t align) {
     s = find(id);
     if (s && s->mode == mode && mode == RECORD) {
         int64_t k = (int64_t)s->rec_size.n;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
         if (vec_push(&s->rec_size, (int64_t)size) || vec_push(&s->rec_alloc, s->events++) ||
+            vec_push(&s->rec_time, (int64_t)now.tv_sec * 1000000000 + now.tv_nsec) ||
             vec_push(&s->rec_free, -1) || map_put(&s->rec_live, (uintptr_t)p, k)) {
             s->mode = OFF; /* out of memory for the log: stop recording, end_record reports it */
             s->rec_failed = 1;
@@ -653,7 +667,7 @@ static PyObject *py_begin(PyObject *args, int mode) {
                       : mode == SERVE && !s->base ? "no plan loaded"
                                                   : NULL;
     if (!why && mode == RECORD) {
-        vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free);
+        vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free), vec_free(&s->rec_time);
         map_clear(&s->rec_live);
         s->events = 0;
         s->rec_failed = 0;
@@ -693,8 +707,8 @@ static PyObject *int64_list(const int64_t *v, size_t n) {
     return list;
 }
 
-/* (sizes, alloc events, free events, events): requests still live have free event -1. The log is
- * moved out under the lock and turned into lists after it. */
+/* (sizes, alloc events, free events, times, events): requests still live have free event -1. The
+ * log is moved out under the lock and turned into lists after it. */
 static PyObject *py_end_record(PyObject *self, PyObject *args) {
     PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
@@ -706,18 +720,18 @@ static PyObject *py_end_record(PyObject *self, PyObject *args) {
     int failed = s->rec_failed || s->mode != RECORD;
     s->mode = OFF;
     map_clear(&s->rec_live); /* what is still live stays live to the end */
-    Vec sizes = s->rec_size, allocs = s->rec_alloc, frees = s->rec_free;
+    Vec sizes = s->rec_size, allocs = s->rec_alloc, frees = s->rec_free, times = s->rec_time;
     long long events = s->events;
     memset(&s->rec_size, 0, sizeof s->rec_size), memset(&s->rec_alloc, 0, sizeof s->rec_alloc);
-    memset(&s->rec_free, 0, sizeof s->rec_free);
+    memset(&s->rec_free, 0, sizeof s->rec_free), memset(&s->rec_time, 0, sizeof s->rec_time);
     pthread_mutex_unlock(&lock);
     PyObject *r = NULL;
     if (failed)
         PyErr_SetString(PyExc_MemoryError, "recording ORT's requests ran out of memory");
     else
-        r = Py_BuildValue("(NNNL)", int64_list(sizes.v, sizes.n), int64_list(allocs.v, allocs.n),
-                          int64_list(frees.v, frees.n), events);
-    vec_free(&sizes), vec_free(&allocs), vec_free(&frees);
+        r = Py_BuildValue("(NNNNL)", int64_list(sizes.v, sizes.n), int64_list(allocs.v, allocs.n),
+                          int64_list(frees.v, frees.n), int64_list(times.v, times.n), events);
+    vec_free(&sizes), vec_free(&allocs), vec_free(&frees), vec_free(&times);
     return r;
 }
 
@@ -771,29 +785,33 @@ fail:
     return -1;
 }
 
-/* load_plan(handle, sizes, offsets, rounded sizes, arena bytes): slot k serves request k. The plan
- * and its arena are built before the lock is taken, swapped in under it, the old one freed after. */
+/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, arena bytes): slot k serves
+ * request k. The plan and its arena are built before the lock is taken, swapped in under it, the
+ * old one freed after. */
 static PyObject *py_load_plan(PyObject *self, PyObject *args) {
     long long id, arena;
-    PyObject *sizes, *offsets, *rounded;
-    if (!PyArg_ParseTuple(args, "LOOOL", &id, &sizes, &offsets, &rounded, &arena)) return NULL;
+    PyObject *sizes, *offsets, *rounded, *flags;
+    if (!PyArg_ParseTuple(args, "LOOOOL", &id, &sizes, &offsets, &rounded, &flags, &arena)) return NULL;
     PyObject *fs = PySequence_Fast(sizes, "sizes"), *fo = PySequence_Fast(offsets, "offsets"),
-             *fr = PySequence_Fast(rounded, "rounded");
-    if (!fs || !fo || !fr) {
-        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr);
+             *fr = PySequence_Fast(rounded, "rounded"), *ff = PySequence_Fast(flags, "planned flags");
+    if (!fs || !fo || !fr || !ff) {
+        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff);
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
-    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n) {
-        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr);
-        PyErr_SetString(PyExc_ValueError, "sizes, offsets and rounded sizes differ in length");
+    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n || PySequence_Fast_GET_SIZE(ff) != n) {
+        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
+        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes and planned flags differ in length");
         return NULL;
     }
     Plan plan = {0};
-    int64_t *rs = int64_array(fr, n);
-    plan.size = rs ? int64_array(fs, n) : NULL;
+    int64_t *rs = int64_array(fr, n), *fl = rs ? int64_array(ff, n) : NULL;
+    plan.size = fl ? int64_array(fs, n) : NULL;
     plan.offset = plan.size ? int64_array(fo, n) : NULL;
-    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr);
+    plan.planned = fl ? calloc((size_t)n + 1, 1) : NULL;
+    for (Py_ssize_t i = 0; plan.planned && i < n; i++) plan.planned[i] = fl[i] != 0;
+    free(fl);
+    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
     pthread_mutex_lock(&lock);
     Session *s = session_of(id);
     int device = s ? s->device : CPU;
@@ -802,9 +820,9 @@ static PyObject *py_load_plan(PyObject *self, PyObject *args) {
         free(rs), free_plan(device, &plan);
         return PyErr_Occurred() ? NULL : closed_error();
     }
-    if (!plan.offset) {
+    if (!plan.offset || !plan.planned) {
         free(rs), free_plan(device, &plan);
-        return NULL;
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     for (Py_ssize_t i = 0; i < n; i++)
         if (plan.offset[i] < 0 || rs[i] < plan.size[i] || plan.offset[i] + rs[i] > arena) {
@@ -834,7 +852,7 @@ static PyObject *py_load_plan(PyObject *self, PyObject *args) {
     if (!why) {
         take_plan(s, &old);
         s->size = plan.size, s->offset = plan.offset, s->ov_start = plan.ov_start, s->ov = plan.ov;
-        s->live = plan.live, s->taken = plan.taken, s->base = plan.base;
+        s->live = plan.live, s->taken = plan.taken, s->planned = plan.planned, s->base = plan.base;
         s->n = plan.n, s->arena_bytes = plan.arena_bytes;
     }
     pthread_mutex_unlock(&lock);
@@ -860,8 +878,8 @@ static PyObject *py_end_step(PyObject *self, PyObject *args) {
     int64_t held = 0;
     for (int64_t j = 0; j < s->n; j++) held += s->live[j];
     pthread_mutex_unlock(&lock);
-    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsL}", "requests", (long long)st.requests, "served",
-                         (long long)st.served, "served_bytes", (long long)st.served_bytes, "unplanned",
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsLsL}", "requests", (long long)st.requests, "served",
+                         (long long)st.served, "served_at_plan_offset", (long long)st.served_planned, "served_bytes", (long long)st.served_bytes, "unplanned",
                          (long long)st.unplanned, "unplanned_bytes", (long long)st.unplanned_bytes,
                          "unplanned_peak_bytes", (long long)st.fallback_peak, "conflicts", (long long)st.conflicts,
                          "other_threads", (long long)st.other_threads, "arena_high_water", (long long)st.high_water,
@@ -906,7 +924,7 @@ static PyMethodDef methods[] = {
     {"patched", py_patched, METH_NOARGS, "patched() -> offset-table entries patched now."},
     {"cuda_functions", py_cuda_functions, METH_NOARGS, "(alloc, free, empty_cache) addresses for gpu_external_*."},
     {"begin_record", py_begin_record, METH_VARARGS, "begin_record(handle): log this thread's requests."},
-    {"end_record", py_end_record, METH_VARARGS, "end_record(handle) -> (sizes, alloc events, free events, events)."},
+    {"end_record", py_end_record, METH_VARARGS, "end_record(handle) -> (sizes, alloc events, free events, times in ns, events)."},
     {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, arena): slot pairs sharing bytes."},
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(handle): serve this thread's requests from the arena."},
     {"end_step", py_end_step, METH_VARARGS, "end_step(handle) -> the step's statistics."},

@@ -1,12 +1,15 @@
-"""ONNX Runtime's own session, allocating from one arena laid out by roam.
+"""ONNX Runtime's own session, allocating from one arena: the plan's.
 
 With memory patterns off and PRIORITY_BASED order, the allocation requests ORT makes during a
 step are the same every step: the same sizes, in the same order, freed at the same points. So
-the first step is recorded (served by the real allocator), the recorded requests are laid out
-by roam's layout solver as buffers whose lifetimes are the step's allocation events, and every
-later step is served from one arena of that layout's size: request k at offset k. Whatever the
-recording does not cover falls back to the real allocator and is counted per step (see
-`_planalloc.c` for how the requests are intercepted, and why there).
+the first step is recorded (served by the real allocator) and every later step is served from
+one arena: request k at offset k. Given the plan (`planned_requests`), each recorded request is
+matched to the planned tensor it is (the plan's order, the tensor's bytes) and gets that tensor's
+offset in the plan's arena; the requests the plan does not name (kernel scratch: the workspace)
+are fitted around them, first fit by their recorded lifetimes. Without a plan, roam's layout
+solver lays out all recorded requests. Whatever the recording does not cover falls back to the
+real allocator and is counted per step (see `_planalloc.c` for how the requests are intercepted,
+and why there).
 
     arena = ArenaAllocator("cpu")
     session = ort.InferenceSession(model, arena.session_options(options), providers=arena.providers())
@@ -18,6 +21,8 @@ recording does not cover falls back to the real allocator and is counted per ste
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -44,10 +49,103 @@ class Recording:
 
     sizes: list[int]
     lifetimes: list[tuple[int, int]]  # [alloc event, free event), half-open
+    times: list[int]  # when each request came (ns, CLOCK_REALTIME)
 
     @property
     def buffers(self) -> list[tuple[int, int, int]]:
         return [(lo, hi, _round_up(size)) for size, (lo, hi) in zip(self.sizes, self.lifetimes)]
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A tensor the plan places in its arena, as ORT requests it (plan order, then output order)."""
+
+    name: str
+    node: str
+    bytes: int
+    offset: int
+
+
+def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
+    """The plan's arena tensors in the order ORT allocates them: by the producing node's place in
+    the plan's order, then the node's outputs in order. Views and in-place results have no offset
+    of their own: ORT makes no request for them."""
+    place = {t["name"]: t for t in plan["tensors"]}
+    step = {name: k for k, name in enumerate(plan["order"])}
+    return [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"])
+            for n in sorted(graph.nodes, key=lambda n: step[n.name]) for out in n.outputs
+            if out in place and place[out]["offset"] is not None and "alias_of" not in place[out]]
+
+
+def match(sizes: list[int], planned: list[PlannedTensor], alignment: int, nodes: list[str | None] | None = None,
+          window: int = 16) -> list[int]:
+    """For each request, the index of the planned tensor it is, or -1 (workspace). With `nodes`
+    (the node that ran when each request came, from ORT's profiler): a request is the first
+    planned output of its node not yet matched whose bytes are its size rounded up to the plan's
+    alignment. Without: the next planned tensor of its size within `window` places, in order."""
+    rounded = [-(-size // alignment) * alignment for size in sizes]
+    found = []
+    if nodes is not None:
+        outputs: dict[str, list[int]] = {}
+        for j, t in enumerate(planned):
+            outputs.setdefault(t.node, []).append(j)
+        for size, node in zip(rounded, nodes):
+            left = outputs.get(node, [])
+            hit = next((j for j in left if planned[j].bytes == size), -1)
+            if hit >= 0:
+                left.remove(hit)
+            found.append(hit)
+        return found
+    cursor = 0
+    for size in rounded:
+        hit = next((j for j in range(cursor, min(cursor + window, len(planned))) if planned[j].bytes == size), -1)
+        found.append(hit)
+        if hit >= 0:
+            cursor = hit + 1
+    return found
+
+
+def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | None]:
+    """The node whose kernel ran at each time (ns), from spans (start, end, node) sorted by start."""
+    starts = [span[0] for span in spans]
+    nodes = []
+    for t in times:
+        k = bisect.bisect_right(starts, t) - 1
+        nodes.append(spans[k][2] if k >= 0 and t <= spans[k][1] else None)
+    return nodes
+
+
+def clashing(buffers: list[tuple[int, int, int, int]]) -> set[int]:
+    """Buffers (lo, hi, bytes, offset) that share bytes with an earlier one while both are live,
+    over recorded lifetimes: a sweep in allocation order keeping the live ones kept."""
+    live: list[tuple[int, int]] = []  # (hi, index) of the kept buffers, a heap
+    clash = set()
+    for k in sorted(range(len(buffers)), key=lambda k: buffers[k][0]):
+        lo, hi, size, offset = buffers[k]
+        while live and live[0][0] <= lo:
+            heapq.heappop(live)
+        if any(offset < buffers[j][3] + buffers[j][2] and buffers[j][3] < offset + size for _, j in live):
+            clash.add(k)
+        else:
+            heapq.heappush(live, (hi, k))
+    return clash
+
+
+def fit_around(fixed: list[tuple[int, int, int, int]], loose: list[tuple[int, int, int]]) -> list[int]:
+    """Offsets for `loose` buffers (lo, hi, bytes) that overlap neither the `fixed` ones (lo, hi,
+    bytes, offset) nor each other while both are live ([lo, hi) events): first fit, largest first."""
+    placed = list(fixed)
+    offsets = [0] * len(loose)
+    for k in sorted(range(len(loose)), key=lambda k: -loose[k][2]):
+        lo, hi, size = loose[k]
+        at = 0
+        for _, _, other, start in sorted((p for p in placed if p[0] < hi and lo < p[1]), key=lambda p: p[3]):
+            if start >= at + size:
+                break
+            at = max(at, _round_up(start + other))
+        offsets[k] = at
+        placed.append((lo, hi, size, at))
+    return offsets
 
 
 @dataclass
@@ -64,8 +162,15 @@ class ArenaAllocator:
     Each has a state of its own in the C extension; several may live in one process, one in a
     step per thread at a time. close() ends it (also after a failed step)."""
 
-    def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0):
+    def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0,
+                 planned: list[PlannedTensor] | None = None, plan_arena: int = 0, plan_alignment: int = ALIGNMENT):
+        """planned: the plan's tensors as ORT requests them (`planned_requests`), served at their
+        offsets in an arena of at least `plan_arena` bytes; None lays out what step 1 records."""
         self.handle: int | None = None
+        self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
+        self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
+        self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
+        self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
         self.device, self.strategy, self.time_limit = device, strategy, time_limit
@@ -105,11 +210,11 @@ class ArenaAllocator:
             try:
                 yield current
             finally:
-                sizes, allocs, frees, events = _planalloc.end_record(self.handle)
+                sizes, allocs, frees, times, events = _planalloc.end_record(self.handle)
             if not sizes:
                 raise RoamError(f"roam's allocator saw none of {RUNTIME}'s {self.device} allocations (it allocates "
                                 "otherwise than the hooks expect): run with --allocator ort")
-            self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)])
+            self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)], times)
             current.stats = {"recorded": len(sizes), "recorded_bytes": sum(sizes)}
             self._load(self.recording)
         else:
@@ -130,12 +235,58 @@ class ArenaAllocator:
     def _load(self, recording: Recording) -> None:
         t = time.perf_counter()
         buffers = recording.buffers
-        placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
-        pairs = _planalloc.load_plan(self.handle, recording.sizes, placed.offsets, [b[2] for b in buffers],
-                                     placed.arena)
-        self.layout = {"strategy": self.strategy, "requests": len(buffers), "arena_bytes": placed.arena,
-                       "peak_live_bytes": layout.peak_live(buffers), "address_sharing_pairs": pairs,
-                       "seconds": time.perf_counter() - t}
+        if self.planned is None:
+            placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
+            offsets, rounded, arena = placed.offsets, [b[2] for b in buffers], placed.arena
+            self.matched = [-1] * len(buffers)
+        else:
+            offsets, rounded, arena = self._at_plan_offsets(buffers)
+        pairs = _planalloc.load_plan(self.handle, recording.sizes, offsets, rounded,
+                                     [self.at_offset(k) for k in range(len(buffers))], arena)
+        workspace = [b for b, m in zip(buffers, self.matched) if m < 0]
+        named = sum(m >= 0 for m in self.matched)
+        self.layout = {"strategy": "plan" if self.planned is not None else self.strategy, "requests": len(buffers),
+                       "planned_requests": named, "planned_not_requested": len(self.planned or ()) - named,
+                       "planned_moved": len(self.moved),
+                       "first_moved": self.request(min(self.moved)) if self.moved else None,
+                       "workspace_requests": len(workspace), "workspace_bytes": layout.peak_live(workspace),
+                       "arena_bytes": arena, "peak_live_bytes": layout.peak_live(buffers),
+                       "address_sharing_pairs": pairs, "seconds": time.perf_counter() - t}
+
+    def _at_plan_offsets(self, buffers) -> tuple[list[int], list[int], int]:
+        """Each request the plan names at its tensor's offset; the workspace fitted around them."""
+        nodes = node_at(self.recording.times, self.spans) if self.spans else None
+        self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes)
+        # ORT may keep a tensor longer than the plan says (a kernel working in place extends its
+        # input's life): such a request cannot have its plan offset, and is fitted like workspace
+        at_plan = [k for k, m in enumerate(self.matched) if m >= 0]
+        fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, self.planned[self.matched[k]].offset)
+                 for k in at_plan]
+        clash = clashing(fixed)
+        self.moved = {at_plan[i] for i in clash}
+        fixed = [f for i, f in enumerate(fixed) if i not in clash]
+        fits = [k for k in range(len(buffers)) if not self.at_offset(k)]
+        offsets = [self.planned[m].offset if m >= 0 else 0 for m in self.matched]
+        for k, offset in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
+            offsets[k] = offset
+        rounded = [self.planned[m].bytes if self.at_offset(k) else b[2]
+                   for k, (b, m) in enumerate(zip(buffers, self.matched))]
+        arena = max([self.plan_arena] + [o + r for o, r in zip(offsets, rounded)])
+        return offsets, rounded, arena
+
+    def at_offset(self, k: int) -> bool:
+        """Request k is served at its tensor's plan offset."""
+        return self.matched[k] >= 0 and k not in self.moved
+
+    def request(self, k: int) -> str:
+        """Request k of a step in words: the planned tensor it is, or the workspace near one."""
+        if not 0 <= k < len(self.matched):
+            return f"request {k + 1} (past the {len(self.matched)} of step 1)"
+        if self.matched[k] >= 0:
+            t = self.planned[self.matched[k]]
+            return f"request {k + 1} ({t.name!r} of node {t.node!r}, {t.bytes} bytes at offset {t.offset})"
+        before = next((self.planned[m] for m in reversed(self.matched[:k]) if m >= 0), None)
+        return f"request {k + 1} (workspace" + (f" after node {before.node!r})" if before else ")")
 
     def close(self) -> int:
         """Stop serving, at once, and free the arena: now, or when the last buffer ORT still holds

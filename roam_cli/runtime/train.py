@@ -28,14 +28,14 @@ import onnxruntime as ort
 
 from roam_cli import pair, verify
 from roam_cli.core import memory
-from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
-from roam_cli.runtime.allocator import ArenaAllocator
+from roam_cli.runtime.allocator import ArenaAllocator, planned_requests
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
     RTOL,
@@ -43,6 +43,7 @@ from roam_cli.runtime.execute import (
     extended_bytes,
     in_order,
     input_specs,
+    kernel_spans,
     seed_random_ops,
 )
 
@@ -76,12 +77,13 @@ class PlannedSession:
 
     def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
                  ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None,
-                 recomputing: bool = True, in_place: bool = True):
+                 recomputing: bool = True, in_place: bool = True, allow_unplanned: bool = False):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
         self.device = device
         self.in_place = in_place
+        self.allow_unplanned = allow_unplanned
         with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
             if pair.member(plan, imported.sha256) is None:
                 raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
@@ -103,7 +105,8 @@ class PlannedSession:
                 model = rewrite.undo(model, plan["recompute"])
             seed_random_ops(model, seed)
             config = (config or {}) | locate_weights(model, imported.path.resolve().parent)
-            self.session = self._session(model, ordered, allocator, log_arena, config)
+            planned = planned_requests(self.graph, plan) if ordered and recomputing else None
+            self.session = self._session(model, ordered, allocator, log_arena, config, planned, plan)
         self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_shapes = {name: tuple(shape) for name, _, shape in input_specs(self.graph)}
@@ -112,7 +115,7 @@ class PlannedSession:
         self.steps = 0
 
     def _session(self, model: onnx.ModelProto, ordered: bool, allocator: str, log_arena: bool,
-                 config: dict[str, str]) -> ort.InferenceSession:
+                 config: dict[str, str], planned, plan: dict) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         for key, value in config.items():
@@ -124,13 +127,19 @@ class PlannedSession:
         # would compare fusions, not plans.
         level, disabled = planned_optimizations(model)
         options.graph_optimization_level = level
-        self.arena = ArenaAllocator(self.device) if allocator == "roam" else None
+        self.arena = ArenaAllocator(self.device, planned=planned, plan_arena=plan["arena_bytes"],
+                                    plan_alignment=plan["alignment"]) if allocator == "roam" else None
         if self.arena is not None:
             options = self.arena.session_options(options)
             providers = self.arena.providers()
         else:
             providers = arena_providers(self.device, options, same_as_requested=allocator == "ort-same-as-requested")
         self.log_arena = log_arena and self.arena is None
+        self.profile_folder = None
+        if planned is not None and self.arena is not None:  # step 1's kernels tell whose each request is
+            self.profile_folder = tempfile.TemporaryDirectory(prefix="roam-profile-")
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(self.profile_folder.name) / "step1")
         with ort_arena_log(self.device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
             try:
                 session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
@@ -189,6 +198,8 @@ class PlannedSession:
                 self.session.run_with_iobinding(binding)
             except Exception as e:
                 raise RoamError(f"ONNX Runtime could not run step {self.steps}: {first_line(e)}") from None
+            if self.profile_folder is not None:
+                self._stop_profiling()
             values = binding.get_outputs()
             outputs = {name: values[self.output_names.index(name)].numpy().copy() for name in returned}
             if not self.in_place:
@@ -200,6 +211,13 @@ class PlannedSession:
             binding.clear_binding_outputs()
             del binding
         return StepResult(self.steps, outputs, time.perf_counter() - t, memory_figures)
+
+    def _stop_profiling(self) -> None:
+        """Step 1's kernel spans to the allocator, which tells by them which node each request came in."""
+        profile = Path(self.session.end_profiling())
+        self.arena.spans = kernel_spans(profile, self.session.get_profiling_start_time_ns())
+        self.profile_folder.cleanup()
+        self.profile_folder = None
 
     @contextmanager
     def _allocator_step(self):
@@ -226,8 +244,16 @@ class PlannedSession:
                                 f"plan places {self.planned_storages} tensors: {why}")
             figures.update(self.arena.layout)
             figures["bytes"] = self.arena.layout["peak_live_bytes"]
-        else:
-            figures["bytes"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+            return
+        figures["bytes"] = figures["bytes_held"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+        figures["planned_requests"] = self.arena.layout["planned_requests"]
+        figures["workspace_bytes"] = self.arena.layout["workspace_bytes"]
+        if step.stats["unplanned"] and not self.allow_unplanned:
+            k = step.stats["first_unplanned_request"]
+            raise CheckFailed(f"step {step.number}: ORT's {self.arena.request(k)} asked for "
+                              f"{step.stats['first_unplanned_size']} bytes, which the plan does not serve there "
+                              f"({step.stats['unplanned']} such requests this step); --allow-unplanned serves them "
+                              "from the system and counts them")
 
 
 @contextmanager
@@ -305,13 +331,14 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
 
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
-          log_arena: bool = True, on_step=None) -> dict:
+          log_arena: bool = True, allow_unplanned: bool = False, on_step=None) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order and arena) and the differences. Plain values out."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
-    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena)
+    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena,
+                             allow_unplanned=allow_unplanned)
     try:
         return run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator,
                          compare, report)
