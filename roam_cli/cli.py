@@ -138,10 +138,14 @@ def cli(ctx, quiet, verbose):
                                  "(alone: extended). The annotated model is that graph, in planned order.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Whose graph optimisations --ort-optimized applies [default: cpu].")
+@click.option("--workspace", "workspace_mode", type=click.Choice(["none", "calibrate"]), default="none",
+              show_default=True,
+              help="calibrate: run one step of MODEL on ONNX Runtime (CPU) to learn each node's kernel scratch, "
+                   "and place it in the arena like a tensor (roam train then holds the plan's arena).")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
              shapes_from_run, inplace, loss, time_limit, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
-             ort_optimized, provider):
+             ort_optimized, provider, workspace_mode):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
@@ -174,6 +178,12 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
         solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu",
         recompute=recompute_mode, budget=budget)
+    if workspace_mode == "calibrate":
+        from roam_cli.runtime.calibrate import node_workspace
+
+        with Progress(obj["quiet"]) as progress:
+            progress("calibrating: one step on ONNX Runtime, for each node's workspace")
+            options.workspace = node_workspace(model, options.dims, alignment)
     with Progress(obj["quiet"]) as progress, \
             pipeline.scratch(annotated_model if ort_optimized else None) as ort_model:
         result = pipeline.run(model, plan_path, options, progress, ort_model)

@@ -159,7 +159,18 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
             raise Violation(f"{r!r} ends at {t['offset'] + t['bytes']}, past the arena ({arena} bytes)")
         placed.append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
 
-    check_overlaps(placed)
+    scratch = []
+    for w in plan.get("workspace", ()):
+        where = f"workspace of {w['node']!r}"
+        if step.get(w["node"]) != w["step"]:
+            raise Violation(f"{where} is at step {w['step']}, but the node is at step {step.get(w['node'], 'none')}")
+        if w["offset"] % alignment:
+            raise Violation(f"{where} offset {w['offset']} is not a multiple of the alignment {alignment}")
+        if w["offset"] + w["bytes"] > arena:
+            raise Violation(f"{where} ends at {w['offset'] + w['bytes']}, past the arena ({arena} bytes)")
+        scratch.append((w["step"], w["step"], w["offset"], w["bytes"], where))
+
+    check_overlaps(placed + scratch)
 
     delta = [0] * (last + 2)
     for first, end, _, size, _ in placed:

@@ -64,34 +64,65 @@ class PlannedTensor:
     node: str
     bytes: int
     offset: int
+    last_step: int  # the last step of the plan's order that it is live at
+    successors: tuple[str, ...] = ()  # planned outputs of its readers of its size: ORT may write one into it
+    workspace: bool = False  # kernel scratch (plan field `workspace`), not a tensor
+
+
 
 
 def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
     """The plan's arena tensors in the order ORT allocates them: by the producing node's place in
-    the plan's order, then the node's outputs in order. Views and in-place results have no offset
-    of their own: ORT makes no request for them."""
+    the plan's order, then the node's outputs in order, then its workspace (plan field
+    `workspace`). Views and in-place results have no offset of their own: ORT makes no request
+    for them."""
     place = {t["name"]: t for t in plan["tensors"]}
     step = {name: k for k, name in enumerate(plan["order"])}
-    return [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"])
-            for n in sorted(graph.nodes, key=lambda n: step[n.name]) for out in n.outputs
-            if out in place and place[out]["offset"] is not None and "alias_of" not in place[out]]
+    scratch: dict[str, list[dict]] = {}
+    for w in plan.get("workspace", ()):
+        scratch.setdefault(w["node"], []).append(w)
+    def placed(name: str) -> bool:
+        return name in place and place[name]["offset"] is not None and "alias_of" not in place[name]
+
+    def successors(name: str) -> tuple[str, ...]:
+        return tuple(out for i in graph.consumers.get(name, ()) for out in graph.nodes[i].outputs
+                     if placed(out) and place[out]["bytes"] == place[name]["bytes"])
+
+    return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
+            for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], place[out]["last_step"],
+                                    successors(out)) for out in n.outputs if placed(out)]
+            + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], (), True)
+               for k, w in enumerate(scratch.get(n.name, ()))]]
+
+
+def within_node(lifetimes: list[tuple[int, int]], nodes: list[str | None]) -> list[bool]:
+    """Whether each request was freed before the next node's first request came: kernel scratch,
+    where an output lives on into the nodes that read it."""
+    nexts, following = [0] * len(nodes), len(nodes) and lifetimes[-1][1] + 1
+    for k in range(len(nodes) - 1, -1, -1):
+        nexts[k] = following
+        if k and nodes[k - 1] != nodes[k]:
+            following = lifetimes[k][0]
+    return [hi <= nxt for (_, hi), nxt in zip(lifetimes, nexts)]
 
 
 def match(sizes: list[int], planned: list[PlannedTensor], alignment: int, nodes: list[str | None] | None = None,
-          window: int = 16) -> list[int]:
+          scratch: list[bool] | None = None, window: int = 16) -> list[int]:
     """For each request, the index of the planned tensor it is, or -1 (workspace). With `nodes`
     (the node that ran when each request came, from ORT's profiler): a request is the first
-    planned output of its node not yet matched whose bytes are its size rounded up to the plan's
-    alignment. Without: the next planned tensor of its size within `window` places, in order."""
+    tensor of its node not yet matched whose bytes are its size rounded up to the plan's
+    alignment, workspace first for a request freed within its node (`scratch`), outputs first
+    for the others. Without: the next planned tensor of its size within `window` places, in order."""
     rounded = [-(-size // alignment) * alignment for size in sizes]
     found = []
     if nodes is not None:
         outputs: dict[str, list[int]] = {}
         for j, t in enumerate(planned):
             outputs.setdefault(t.node, []).append(j)
-        for size, node in zip(rounded, nodes):
-            left = outputs.get(node, [])
+        for size, node, inside in zip(rounded, nodes, scratch or [False] * len(sizes)):
+            left = sorted(outputs.get(node, []), key=lambda j: planned[j].workspace != inside)
             hit = next((j for j in left if planned[j].bytes == size), -1)
+            left = outputs.get(node, [])
             if hit >= 0:
                 left.remove(hit)
             found.append(hit)
@@ -115,20 +146,21 @@ def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | N
     return nodes
 
 
-def clashing(buffers: list[tuple[int, int, int, int]]) -> set[int]:
-    """Buffers (lo, hi, bytes, offset) that share bytes with an earlier one while both are live,
-    over recorded lifetimes: a sweep in allocation order keeping the live ones kept."""
-    live: list[tuple[int, int]] = []  # (hi, index) of the kept buffers, a heap
-    clash = set()
+def settle(buffers: list[tuple[int, int, int, list[int]]]) -> list[int | None]:
+    """For buffers (lo, hi, bytes, candidate offsets), over recorded lifetimes, the first candidate
+    that shares no bytes with a buffer settled before it while both are live, or None: a sweep in
+    allocation order."""
+    live: list[tuple[int, int]] = []  # (hi, index) of the settled buffers, a heap
+    chosen: list[int | None] = [None] * len(buffers)
     for k in sorted(range(len(buffers)), key=lambda k: buffers[k][0]):
-        lo, hi, size, offset = buffers[k]
+        lo, hi, size, candidates = buffers[k]
         while live and live[0][0] <= lo:
             heapq.heappop(live)
-        if any(offset < buffers[j][3] + buffers[j][2] and buffers[j][3] < offset + size for _, j in live):
-            clash.add(k)
-        else:
+        chosen[k] = next((at for at in candidates if not any(
+            at < chosen[j] + buffers[j][2] and chosen[j] < at + size for _, j in live)), None)
+        if chosen[k] is not None:
             heapq.heappush(live, (hi, k))
-    return clash
+    return chosen
 
 
 def fit_around(fixed: list[tuple[int, int, int, int]], loose: list[tuple[int, int, int]]) -> list[int]:
@@ -256,17 +288,33 @@ class ArenaAllocator:
     def _at_plan_offsets(self, buffers) -> tuple[list[int], list[int], int]:
         """Each request the plan names at its tensor's offset; the workspace fitted around them."""
         nodes = node_at(self.recording.times, self.spans) if self.spans else None
-        self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes)
-        # ORT may keep a tensor longer than the plan says (a kernel working in place extends its
-        # input's life): such a request cannot have its plan offset, and is fitted like workspace
+        scratch = within_node(self.recording.lifetimes, nodes) if nodes else None
+        self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes, scratch)
+        # ORT may keep a tensor longer than the plan says: a kernel working in place (Relu, on
+        # onnxruntime 1.19 even with memory reuse off) writes its output into its input, which then
+        # lives as long as the output. Such a request takes the output's plan offset when its own
+        # is taken by then; one that has no free plan offset is fitted like workspace.
+        offset = {t.name: t.offset for t in self.planned}
+        requested = {self.planned[m].name for m in self.matched if m >= 0}
         at_plan = [k for k, m in enumerate(self.matched) if m >= 0]
-        fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, self.planned[self.matched[k]].offset)
-                 for k in at_plan]
-        clash = clashing(fixed)
-        self.moved = {at_plan[i] for i in clash}
-        fixed = [f for i, f in enumerate(fixed) if i not in clash]
+        step = {t.name: s for s, t in enumerate(self.planned)}  # the plan's place of each planned request
+        came = sorted((buffers[k][0], step[self.planned[self.matched[k]].name]) for k in at_plan)
+
+        def candidates(k: int) -> list[int]:
+            """Its own offset first; an unrequested successor's first when it outlived that one's start."""
+            t = self.planned[self.matched[k]]
+            absorbed = [s for s in t.successors if s not in requested]
+            reached = came[max(bisect.bisect_left(came, (buffers[k][1], -1)) - 1, 0)][1]  # last planned before its free
+            if absorbed and reached > step[absorbed[0]]:
+                return [offset[s] for s in absorbed] + [t.offset]
+            return [t.offset] + [offset[s] for s in absorbed]
+
+        chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in at_plan])
+        self.moved = {k for k, at in zip(at_plan, chosen) if at is None}
+        self.served_at = {k: at for k, at in zip(at_plan, chosen) if at is not None}
+        fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in self.served_at.items()]
         fits = [k for k in range(len(buffers)) if not self.at_offset(k)]
-        offsets = [self.planned[m].offset if m >= 0 else 0 for m in self.matched]
+        offsets = [self.served_at.get(k, 0) for k in range(len(buffers))]
         for k, offset in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
             offsets[k] = offset
         rounded = [self.planned[m].bytes if self.at_offset(k) else b[2]
