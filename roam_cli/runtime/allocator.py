@@ -97,8 +97,9 @@ def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
 
 def within_node(lifetimes: list[tuple[int, int]], nodes: list[str | None]) -> list[bool]:
     """Whether each request was freed before the next node's first request came: kernel scratch,
-    where an output lives on into the nodes that read it."""
-    nexts, following = [0] * len(nodes), len(nodes) and lifetimes[-1][1] + 1
+    where an output lives on into the nodes that read it. The last node's are taken for outputs:
+    no later request tells."""
+    nexts, following = [0] * len(nodes), -1
     for k in range(len(nodes) - 1, -1, -1):
         nexts[k] = following
         if k and nodes[k - 1] != nodes[k]:
