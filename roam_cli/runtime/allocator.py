@@ -33,7 +33,10 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 from roam_cli import layout
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend.providers import PROVIDERS, RUNTIME
-from roam_cli.runtime import _planalloc
+try:
+    from roam_cli.runtime import _planalloc
+except ImportError as e:  # optional: it builds on Linux (x86-64, aarch64) with a C compiler
+    _planalloc, NOT_BUILT = None, str(e)
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
 ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]
@@ -201,6 +204,10 @@ class ArenaAllocator:
         offsets in an arena of at least `plan_arena` bytes; None lays out what step 1 records."""
         self.handle: int | None = None
         self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
+        if _planalloc is None:
+            raise RoamError(f"roam's allocator is not in this install: its C extension roam_cli/runtime/_planalloc.c "
+                            f"did not build ({NOT_BUILT}); it needs Linux on x86-64 or aarch64 and a C compiler at "
+                            "install time. Run with --allocator ort")
         self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
         self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
         self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
