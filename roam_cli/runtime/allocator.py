@@ -203,11 +203,11 @@ class ArenaAllocator:
         """planned: the plan's tensors as ORT requests them (`planned_requests`), served at their
         offsets in an arena of at least `plan_arena` bytes; None lays out what step 1 records."""
         self.handle: int | None = None
-        self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
         if _planalloc is None:
             raise RoamError(f"roam's allocator is not in this install: its C extension roam_cli/runtime/_planalloc.c "
                             f"did not build ({NOT_BUILT}); it needs Linux on x86-64 or aarch64 and a C compiler at "
                             "install time. Run with --allocator ort")
+        self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
         self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
         self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
         self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
@@ -323,8 +323,8 @@ class ArenaAllocator:
         fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in self.served_at.items()]
         fits = [k for k in range(len(buffers)) if not self.at_offset(k)]
         offsets = [self.served_at.get(k, 0) for k in range(len(buffers))]
-        for k, offset in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
-            offsets[k] = offset
+        for k, at in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
+            offsets[k] = at
         rounded = [self.planned[m].bytes if self.at_offset(k) else b[2]
                    for k, (b, m) in enumerate(zip(buffers, self.matched))]
         arena = max([self.plan_arena] + [o + r for o, r in zip(offsets, rounded)])
