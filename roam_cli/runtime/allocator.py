@@ -87,9 +87,19 @@ def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
     def placed(name: str) -> bool:
         return name in place and place[name]["offset"] is not None and "alias_of" not in place[name]
 
+    def root(name: str) -> str:
+        while "alias_of" in place.get(name, {}):
+            name = place[name]["alias_of"]
+        return name
+
+    group: dict[str, list[str]] = {}  # storage -> the tensors in it (itself, its views)
+    for name in place:
+        group.setdefault(root(name), []).append(name)
+
     def successors(name: str) -> tuple[str, ...]:
-        return tuple(out for i in graph.consumers.get(name, ()) for out in graph.nodes[i].outputs
-                     if placed(out) and place[out]["bytes"] == place[name]["bytes"])
+        """What its readers, or its views' readers, make of its size: a kernel in place writes one there."""
+        return tuple(out for member in group.get(name, [name]) for i in graph.consumers.get(member, ())
+                     for out in graph.nodes[i].outputs if placed(out) and place[out]["bytes"] == place[name]["bytes"])
 
     return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
             for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], place[out]["last_step"],
