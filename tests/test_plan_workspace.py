@@ -9,7 +9,7 @@ from roam_cli.runtime.allocator import PlannedTensor, fit_around, match, settle,
 
 
 def tensor(name, node, size, offset, workspace=False):
-    return PlannedTensor(name, node, size, offset, 0, (), workspace)
+    return PlannedTensor(name, node, size, offset, 0, 0, (), workspace)
 
 
 def test_requests_match_their_node_s_tensors_by_size_and_scratch_its_workspace():
@@ -27,6 +27,8 @@ def test_requests_match_their_node_s_tensors_by_size_and_scratch_its_workspace()
 def test_a_request_that_outlives_its_plan_life_takes_a_free_candidate_or_none():
     # (lo, hi, bytes, candidate offsets): 1 clashes with 0 at offset 0, so takes 256; 2 has no free candidate
     assert settle([(0, 10, 256, [0]), (1, 5, 256, [0, 256]), (2, 4, 256, [0, 256])]) == [0, 256, None]
+    # the same, the first one outliving its plan life: the two that keep to theirs are settled first
+    assert settle([(0, 10, 256, [0]), (1, 5, 256, [0, 256]), (2, 4, 256, [0, 256])], late={0}) == [None, 0, 256]
 
 
 def test_workspace_is_fitted_first_fit_around_the_fixed_buffers():

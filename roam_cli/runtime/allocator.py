@@ -67,6 +67,7 @@ class PlannedTensor:
     node: str
     bytes: int
     offset: int
+    step: int  # its node's place in the plan's order
     last_step: int  # the last step of the plan's order that it is live at
     successors: tuple[str, ...] = ()  # planned outputs of its readers of its size: ORT may write one into it
     workspace: bool = False  # kernel scratch (plan field `workspace`), not a tensor
@@ -102,9 +103,10 @@ def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
                      for out in graph.nodes[i].outputs if placed(out) and place[out]["bytes"] == place[name]["bytes"])
 
     return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
-            for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], place[out]["last_step"],
-                                    successors(out)) for out in n.outputs if placed(out)]
-            + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], (), True)
+            for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], step[n.name],
+                                    place[out]["last_step"], successors(out)) for out in n.outputs if placed(out)]
+            + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], w["step"], (),
+                             True)
                for k, w in enumerate(scratch.get(n.name, ()))]]
 
 
@@ -160,20 +162,28 @@ def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | N
     return nodes
 
 
-def settle(buffers: list[tuple[int, int, int, list[int]]]) -> list[int | None]:
+def settle(buffers: list[tuple[int, int, int, list[int]]], late: set[int] = frozenset()) -> list[int | None]:
     """For buffers (lo, hi, bytes, candidate offsets), over recorded lifetimes, the first candidate
     that shares no bytes with a buffer settled before it while both are live, or None: a sweep in
-    allocation order."""
+    allocation order, then the `late` ones (those that outlive their plan life: they must not take
+    the place of the many that keep to it)."""
     live: list[tuple[int, int]] = []  # (hi, index) of the settled buffers, a heap
     chosen: list[int | None] = [None] * len(buffers)
-    for k in sorted(range(len(buffers)), key=lambda k: buffers[k][0]):
-        lo, hi, size, candidates = buffers[k]
+
+    def free(k: int, at: int, others) -> bool:
+        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2] for j in others)
+
+    for k in sorted(set(range(len(buffers))) - late, key=lambda k: buffers[k][0]):
+        lo, hi, _, candidates = buffers[k]
         while live and live[0][0] <= lo:
             heapq.heappop(live)
-        chosen[k] = next((at for at in candidates if not any(
-            at < chosen[j] + buffers[j][2] and chosen[j] < at + size for _, j in live)), None)
+        chosen[k] = next((at for at in candidates if free(k, at, (j for _, j in live))), None)
         if chosen[k] is not None:
             heapq.heappush(live, (hi, k))
+    for k in sorted(late, key=lambda k: buffers[k][0]):
+        lo, hi, _, candidates = buffers[k]
+        meets = [j for j, c in enumerate(chosen) if c is not None and buffers[j][0] < hi and lo < buffers[j][1]]
+        chosen[k] = next((at for at in candidates if free(k, at, meets)), None)
     return chosen
 
 
@@ -318,16 +328,23 @@ class ArenaAllocator:
         step = {t.name: s for s, t in enumerate(self.planned)}  # the plan's place of each planned request
         came = sorted((buffers[k][0], step[self.planned[self.matched[k]].name]) for k in at_plan)
 
+        def reached(k: int) -> int:
+            """The planned request ORT had come to when it freed request k."""
+            return came[max(bisect.bisect_left(came, (buffers[k][1], -1)) - 1, 0)][1]
+
         def candidates(k: int) -> list[int]:
             """Its own offset first; an unrequested successor's first when it outlived that one's start."""
             t = self.planned[self.matched[k]]
             absorbed = [s for s in t.successors if s not in requested]
-            reached = came[max(bisect.bisect_left(came, (buffers[k][1], -1)) - 1, 0)][1]  # last planned before its free
-            if absorbed and reached > step[absorbed[0]]:
+            if absorbed and reached(k) > step[absorbed[0]]:
                 return [offset[s] for s in absorbed] + [t.offset]
             return [t.offset] + [offset[s] for s in absorbed]
 
-        chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in at_plan])
+        # outliving its plan life: freed after a request the plan makes after its last step (ORT frees
+        # an output nobody reads at the end of the run; a kernel in place extends its input's life)
+        late = {i for i, k in enumerate(at_plan)
+                if self.planned[reached(k)].step > self.planned[self.matched[k]].last_step}
+        chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in at_plan], late)
         self.moved = {k for k, at in zip(at_plan, chosen) if at is None}
         self.served_at = {k: at for k, at in zip(at_plan, chosen) if at is not None}
         fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in self.served_at.items()]
