@@ -156,6 +156,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
       roam optimize training_model.onnx -o plan.json --ort-optimized extended --annotated-model planned.onnx
       roam optimize full_step.onnx -o plan.json --recompute free
       roam optimize full_step.onnx -o plan.json --recompute budget --budget 6GiB
+      roam optimize full_step.onnx -o plan.json --workspace calibrate
     """
     check_output_path(plan_path, [model])
     if provider is not None and ort_optimized is None:
@@ -355,17 +356,20 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
 
-    The plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
+    The pair is verified first: a plan that does not hold stops before step 1 (exit 1). Then
+    the plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
     written into its input's buffer), and with --allocator roam ORT's own session allocating
-    from one arena: the first step is recorded and laid out by roam, every later step is
-    served from it; a request it does not cover is served by the system and counted.
-    Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with --compare when
-    the planned run differs from the plain one by more than 1e-5 relative.
+    from the plan's arena: each request of step 1 is matched to the planned tensor it is, and
+    every later step serves it at that tensor's plan offset. A request that leaves the plan
+    stops the run (exit 1) unless --allow-unplanned, which serves it from the system and
+    counts it. Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with
+    --compare when the planned run differs from the plain one by more than 1e-5 relative.
 
     \b
     Examples:
       roam train step.onnx --plan plan.json --steps 20
       roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
+      roam train step.onnx --plan plan.json --allow-unplanned
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary, train as run_training
 
