@@ -419,9 +419,12 @@ def render_summary(result: dict, console) -> None:
             f"median step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms")
     if result["arena"]:
         a = result["arena"]
+        at_plan = min((r["memory"].get("served_at_plan_offset", 0) for r in later), default=0)
         line += (f"; arena {format_bytes(a['arena_bytes'])} for {a['requests']} requests per step "
                  f"(plan arena {format_bytes(result['plan']['arena_bytes'])}); "
-                 f"{unplanned} unplanned requests after step 1")
+                 + (f"{at_plan} of {a['planned_requests']} planned requests at their plan offset; "
+                    if "planned_requests" in a and rows[1:] else "")
+                 + f"{unplanned} unplanned requests after step 1")
     console.print(line, highlight=False, soft_wrap=True)
     if "compare" in result:
         c = result["compare"]
