@@ -4,9 +4,10 @@ With memory patterns off and PRIORITY_BASED order, the allocation requests ORT m
 step are the same every step: the same sizes, in the same order, freed at the same points. So
 the first step is recorded (served by the real allocator) and every later step is served from
 one arena: request k at offset k. Given the plan (`planned_requests`), each recorded request is
-matched to the planned tensor it is (the plan's order, the tensor's bytes) and gets that tensor's
-offset in the plan's arena; the requests the plan does not name (kernel scratch: the workspace)
-are fitted around them, first fit by their recorded lifetimes. Without a plan, roam's layout
+matched to the planned tensor it is (the node that was running, from ORT's profiler, and the
+tensor's bytes) and gets that tensor's offset in the plan's arena; the requests the plan does not
+name (kernel scratch it has no `workspace` for) and the few that outlive their plan life are
+fitted around them, first fit by their recorded lifetimes. Without a plan, roam's layout
 solver lays out all recorded requests. Whatever the recording does not cover falls back to the
 real allocator and is counted per step (see `_planalloc.c` for how the requests are intercepted,
 and why there).
@@ -33,6 +34,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 from roam_cli import layout
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend.providers import PROVIDERS, RUNTIME
+
 try:
     from roam_cli.runtime import _planalloc
 except ImportError as e:  # optional: it builds on Linux (x86-64, aarch64) with a C compiler
@@ -230,6 +232,7 @@ class ArenaAllocator:
         self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
         self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
         self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
+        self.served_at: dict[int, int] = {}  # request -> the plan offset it is served at
         self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
