@@ -59,7 +59,8 @@ def calibration_step(model_path: str, dims: dict[str, int], alignment: int, seed
             try:
                 session = ort.InferenceSession(model.SerializeToString(), arena.session_options(options),
                                                providers=arena.providers(), disabled_optimizers=disabled)
-                feeds = synthesize([(name, np.dtype(dtype), shape) for name, dtype, shape in input_specs(imported.graph)], seed)
+                specs = [(name, np.dtype(dtype), shape) for name, dtype, shape in input_specs(imported.graph)]
+                feeds = {name: np.ascontiguousarray(v) for name, v in synthesize(specs, seed).items()}  # scalars too
                 _planalloc.begin_record(arena.handle)
                 try:
                     session.run(None, feeds)
