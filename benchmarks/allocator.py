@@ -4,6 +4,7 @@
     python benchmarks/allocator.py                                 # the sample's full step
     python benchmarks/allocator.py step.onnx other.onnx --steps 8
     python benchmarks/allocator.py /work/suite_cache --compare 20
+    python benchmarks/allocator.py tiny/ --workspace calibrate     # plans that place ORT's workspace
 
 Each graph is a full training step whose state is updated in place (`roam make-training-graph
 --in-graph-optimizer`; a folder is searched for `full_step*.onnx`). The sample's full step,
@@ -25,7 +26,10 @@ the session's start (their INFO log; the graph's constants are in there); for ro
 whatever fell back, and the constants (ORT allocates those at the session's start, outside the
 arena); for the plan, its arena and its constants. Step times are medians over the steps after the first. With --compare N the roam run
 goes on for N steps and is checked against a plain ORT session (ORT's default order and arena,
-the same optimisation level): largest relative difference of the loss per step and of the final state. Inputs come
+the same optimisation level): largest relative difference of the loss per step and of the final state.
+Serving the plan: of step 1's requests, how many are the plan's tensors (matched by node and
+size), how many of those a later step served at their plan offset, how many were moved (ORT kept
+them past the plan's lifetimes) and how many were workspace the plan does not place. Inputs come
 from `inputs.npz` beside the graph when present (`roam train --inputs`), else are synthesised. Prints a markdown table and writes it with the raw figures to --out (.md, .json)."""
 
 from __future__ import annotations
@@ -123,16 +127,17 @@ def in_child(function, *args) -> dict:
         return pool.submit(function, *args).result()
 
 
-def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: int) -> dict:
+def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: int, workspace: str) -> dict:
     plan_path = work / (model.parent.name + "_" + model.stem + ".plan.json")
     t = time.perf_counter()
-    roam("optimize", model, "-o", plan_path)
+    roam("optimize", model, "-o", plan_path, "--workspace", workspace)
     plan_seconds = time.perf_counter() - t
     plan = json.loads(plan_path.read_text())
     constants = sum(t["bytes"] for t in plan["tensors"] if t["kind"] == "constant")
     row = {"graph": f"{model.parent.name}/{model.name}", "nodes": len(plan["order"]), "plan_seconds": plan_seconds,
            "plan_arena_bytes": plan["arena_bytes"], "plan_peak_live_bytes": plan["peak_live_bytes"],
            "constant_bytes": constants, "state_bytes": plan["persistent_bytes"] - constants, "steps": steps,
+           "plan_workspace_buffers": len(plan.get("workspace", ())),
            "runs": {}}
     for allocator, _ in VARIANTS:
         n = max(steps, compare) if allocator == "roam" else steps
@@ -143,6 +148,7 @@ def measure(model: Path, work: Path, steps: int, inputs: Path | None, compare: i
         row["runs"][allocator] = {
             "bytes": held + (constants if allocator == "roam" else 0),
             "unplanned_after_first": sum(s["memory"].get("unplanned", 0) for s in later),
+            "served_at_plan_offset": min((s["memory"].get("served_at_plan_offset", 0) for s in later), default=0),
             "loss": [s["outputs"].get("loss") for s in result["per_step"]],
             "arena": result["arena"], "compare": result.get("compare"),
         }
@@ -158,6 +164,8 @@ def render(rows: list[dict], header: str) -> str:
              "| graph | nodes | ORT default arena | ORT same as requested | ORT + roam allocator | plan arena + constants "
              "| roam / plan | state (all runs) | unplanned after step 1 | ORT step ms | roam step ms | time ratio |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    served = ["", "| graph | requests per step | plan's tensors | served at plan offset | moved | workspace not in the plan "
+              "| plan workspace buffers |", "|---|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         runs = r["runs"]
         ours, ort_ = runs["roam"], runs["ort"]
@@ -167,6 +175,10 @@ def render(rows: list[dict], header: str) -> str:
                      f"| {mib(ours['bytes'])} | {mib(planned)} | {ours['bytes'] / planned - 1:+.2%} | "
                      f"{mib(r['state_bytes'])} | "
                      f"{ours['unplanned_after_first']} | {t['ort']:,.1f} | {t['roam']:,.1f} | {t['roam'] / t['ort']:.3f} |")
+        a = ours["arena"]
+        served.append(f"| {r['graph']} | {a['requests']:,} | {a['planned_requests']:,} | {ours['served_at_plan_offset']:,} "
+                      f"| {a['planned_moved']:,} | {a['workspace_requests']:,} | {r['plan_workspace_buffers']:,} |")
+    lines += served
     compared = [r for r in rows if r["runs"]["roam"]["compare"]]
     if compared:
         lines += ["", "| graph | steps | loss: max relative difference per step | final state: max relative "
@@ -185,11 +197,13 @@ def main(argv=None) -> int:
     ap.add_argument("--steps", type=int, default=6, help="steps per allocator (the first is recorded)")
     ap.add_argument("--compare", type=int, default=0, metavar="N",
                     help="also run N steps with roam's allocator against a plain ORT session")
+    ap.add_argument("--workspace", choices=("none", "calibrate"), default="none",
+                    help="roam optimize --workspace: calibrate places ORT's kernel scratch in the plan")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "allocator")
     args = ap.parse_args(argv)
     header = (f"roam allocator benchmark, {time.strftime('%Y-%m-%d')}: {platform.machine()} x{os.cpu_count()} CPUs, "
               f"Python {platform.python_version()}, onnxruntime {__import__('onnxruntime').__version__}; "
-              f"MiB; {args.steps} steps per allocator")
+              f"MiB; {args.steps} steps per allocator; optimize --workspace {args.workspace}")
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
@@ -199,7 +213,8 @@ def main(argv=None) -> int:
         for model in [sample] + graphs(args.paths):
             inputs = model.parent / "inputs.npz"
             print(f"# {model}", file=sys.stderr, flush=True)
-            rows.append(measure(model, work, args.steps, inputs if inputs.is_file() else None, args.compare))
+            rows.append(measure(model, work, args.steps, inputs if inputs.is_file() else None, args.compare,
+                                args.workspace))
     table = render(rows, header)
     print(table)
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -138,10 +138,14 @@ def cli(ctx, quiet, verbose):
                                  "(alone: extended). The annotated model is that graph, in planned order.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default=None,
               help="Whose graph optimisations --ort-optimized applies [default: cpu].")
+@click.option("--workspace", "workspace_mode", type=click.Choice(["none", "calibrate"]), default="none",
+              show_default=True,
+              help="calibrate: run one step of MODEL on ONNX Runtime (CPU) to learn each node's kernel scratch, "
+                   "and place it in the arena like a tensor (roam train then holds the plan's arena).")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
              shapes_from_run, inplace, loss, time_limit, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
-             ort_optimized, provider):
+             ort_optimized, provider, workspace_mode):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
@@ -152,6 +156,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
       roam optimize training_model.onnx -o plan.json --ort-optimized extended --annotated-model planned.onnx
       roam optimize full_step.onnx -o plan.json --recompute free
       roam optimize full_step.onnx -o plan.json --recompute budget --budget 6GiB
+      roam optimize full_step.onnx -o plan.json --workspace calibrate
     """
     check_output_path(plan_path, [model])
     if provider is not None and ort_optimized is None:
@@ -174,6 +179,12 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
         solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu",
         recompute=recompute_mode, budget=budget)
+    if workspace_mode == "calibrate":
+        from roam_cli.runtime.calibrate import node_workspace
+
+        with Progress(obj["quiet"]) as progress:
+            progress("calibrating: one step on ONNX Runtime, for each node's workspace")
+            options.workspace = node_workspace(model, options.dims, alignment)
     with Progress(obj["quiet"]) as progress, \
             pipeline.scratch(annotated_model if ort_optimized else None) as ort_model:
         result = pipeline.run(model, plan_path, options, progress, ort_model)
@@ -335,24 +346,30 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of synthetic inputs and of random ops.")
 @click.option("--compare", is_flag=True,
               help="Run the same steps on a plain ORT session too and check outputs and final state (1e-5).")
+@click.option("--allow-unplanned", is_flag=True,
+              help="Serve requests the plan does not cover from the system and count them, instead of stopping.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
-def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare, as_json):
+def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
+          allow_unplanned, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
 
-    The plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
+    The pair is verified first: a plan that does not hold stops before step 1 (exit 1). Then
+    the plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
     written into its input's buffer), and with --allocator roam ORT's own session allocating
-    from one arena: the first step is recorded and laid out by roam, every later step is
-    served from it; a request it does not cover is served by the system and counted.
-    Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with --compare when
-    the planned run differs from the plain one by more than 1e-5 relative.
+    from the plan's arena: each request of step 1 is matched to the planned tensor it is, and
+    every later step serves it at that tensor's plan offset. A request that leaves the plan
+    stops the run (exit 1) unless --allow-unplanned, which serves it from the system and
+    counts it. Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with
+    --compare when the planned run differs from the plain one by more than 1e-5 relative.
 
     \b
     Examples:
       roam train step.onnx --plan plan.json --steps 20
       roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
+      roam train step.onnx --plan plan.json --allow-unplanned
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary, train as run_training
 
@@ -360,7 +377,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     show = not (as_json or obj["quiet"])
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
-                          on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
+                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:

@@ -36,6 +36,7 @@ class Options:
     provider: str = "cpu"  # ... for this execution provider: cpu | cuda
     recompute: str = "off"  # off | free | budget (recompute.MODES)
     budget: int | None = None  # bytes the plan must fit (persistent + arena) with recompute "budget"
+    workspace: dict[str, list[int]] = field(default_factory=dict)  # node -> its kernels' scratch bytes (calibrate)
 
 
 @dataclass
@@ -51,6 +52,12 @@ class Result:
 def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int, int, int]]:
     """Transient storages as layout buffers: (lower, upper, size), lifetimes half-open."""
     return [(first, last + 1, s.bytes) for s, (first, last) in zip(mm.storages, memory.lifetimes(mm, order_))]
+
+
+def workspace_buffers(graph, order_: list[int], workspace: dict[str, list[int]]) -> list[tuple[str, int, int]]:
+    """(node, step, bytes) of each workspace buffer of the graph's nodes, in plan order: live at its
+    node's step only. Nodes the graph lacks (calibrated on another graph) have none."""
+    return [(graph.nodes[i].name, step, b) for step, i in enumerate(order_) for b in workspace.get(graph.nodes[i].name, ())]
 
 
 def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_model: Path | None = None) -> Result:
@@ -230,8 +237,12 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     t = time.perf_counter()
     say(f"placing {len(mm.storages)} tensors ({options.layout})")
     layout_limit = max(options.time_limit - seconds["order"], 0.0) if options.time_limit is not None else None
-    placed = layout.place(layout_buffers(mm, chosen_order), options.layout, time_limit=layout_limit,
-                          jobs=options.jobs, solver=options.solver)
+    scratch = workspace_buffers(imported.graph, chosen_order, options.workspace)
+    placed = layout.place(layout_buffers(mm, chosen_order) + [(s, s + 1, b) for _, s, b in scratch], options.layout,
+                          time_limit=layout_limit, jobs=options.jobs, solver=options.solver)
+    offsets = placed.offsets[:len(mm.storages)]
+    workspace = [{"node": node, "step": s, "bytes": b, "offset": o}
+                 for (node, s, b), o in zip(scratch, placed.offsets[len(mm.storages):])]
     seconds["layout"] = time.perf_counter() - t
 
     # What eager PyTorch would need, for the report to compare with: the original order through
@@ -253,8 +264,9 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     }
     if options.reproducible:
         stats = plan_io.without_wall_clock(stats)
-    result = plan_io.build(imported.graph, mm, chosen_order, placed.offsets, model_path=model_path,
-                           model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats)
+    result = plan_io.build(imported.graph, mm, chosen_order, offsets, model_path=model_path,
+                           model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats,
+                           workspace=workspace)
     return Result(result, imported, mm, imported.notes + mm.notes, model_path)
 
 

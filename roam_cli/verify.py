@@ -8,6 +8,7 @@ import heapq
 from dataclasses import dataclass
 
 from roam_cli import pair
+from roam_cli.core.errors import CheckFailed
 from roam_cli.core.graph import Graph, Node
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
@@ -158,7 +159,18 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
             raise Violation(f"{r!r} ends at {t['offset'] + t['bytes']}, past the arena ({arena} bytes)")
         placed.append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
 
-    check_overlaps(placed)
+    scratch = []
+    for w in plan.get("workspace", ()):
+        where = f"workspace of {w['node']!r}"
+        if step.get(w["node"]) != w["step"]:
+            raise Violation(f"{where} is at step {w['step']}, but the node is at step {step.get(w['node'], 'none')}")
+        if w["offset"] % alignment:
+            raise Violation(f"{where} offset {w['offset']} is not a multiple of the alignment {alignment}")
+        if w["offset"] + w["bytes"] > arena:
+            raise Violation(f"{where} ends at {w['offset'] + w['bytes']}, past the arena ({arena} bytes)")
+        scratch.append((w["step"], w["step"], w["offset"], w["bytes"], where))
+
+    check_overlaps(placed + scratch)
 
     delta = [0] * (last + 2)
     for first, end, _, size, _ in placed:
@@ -271,3 +283,12 @@ def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:
         live.insert(k, (offset, offset + size, name))
         live_offsets.insert(k, offset)
         heapq.heappush(expiry, (last_step, offset))
+
+
+def require(graph: Graph, sha256: str, plan: dict) -> Summary:
+    """verify() for the commands that run a plan (train, execute): one that does not hold stops
+    them before their first step, with the broken rule (CheckFailed: exit 1)."""
+    try:
+        return verify(graph, sha256, plan)
+    except Violation as v:
+        raise CheckFailed(f"the plan does not hold for this model: {v}") from None

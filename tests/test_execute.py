@@ -3,6 +3,7 @@ plan whose live tensors overlap is caught by its numbers."""
 
 import copy
 import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -11,10 +12,18 @@ import pytest
 from conftest import roam
 from onnx_builder import model, node, save
 
-from roam_cli.core.errors import RoamError
+from roam_cli import pair
+from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
 from roam_cli.frontend.onnx_import import import_model
-from roam_cli.runtime.execute import difference, extended_bytes, make_feeds, order_agreement, seed_random_ops
+from roam_cli.runtime.execute import (
+    difference,
+    execute_graph,
+    extended_bytes,
+    make_feeds,
+    order_agreement,
+    seed_random_ops,
+)
 from roam_cli.runtime.replay import replay
 
 
@@ -63,12 +72,17 @@ def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(runnable_pl
     (tmp_path / "bad.json").write_text(json.dumps(bad))
     r = roam("verify", model_path, tmp_path / "bad.json")
     assert r.code == 1 and "overlaps" in r.err and culprit in r.err
+    # execute verifies the pair before it runs anything
     r = roam("execute", model_path, "--plan", tmp_path / "bad.json", "--json")
-    assert r.code == 1 and len(r.err.strip().splitlines()) == 1, r.err
-    if "replay failed at step" in r.err:  # the clobbered tensor was an index a kernel then refused
-        return
-    assert "the arena replay differs from the plain run" in r.err, r.err
-    result = r.json()
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1 and "the plan does not hold" in r.err, r.err
+    assert culprit in r.err and r.out == ""
+    # past that check, the replay itself catches it
+    with pair.planned_graph(Path(model_path), bad) as imported:
+        try:
+            result = execute_graph(imported, Path(model_path), bad, "cpu", None, 0, None)
+        except CheckFailed as e:  # the clobbered tensor was an index a kernel then refused
+            assert "replay failed at step" in str(e)
+            return
     assert result["annotated_run"]["passed"]  # ORT's own allocator never saw the bad offsets
     assert not result["replay"]["passed"] and result["replay"]["not_bitwise"]
 
@@ -158,7 +172,7 @@ def test_feeds_from_npz_must_match_the_inputs_and_the_rest_are_synthesised(tmp_p
                  marks=pytest.mark.skipif("CUDAExecutionProvider" in ort.get_available_providers(), reason="has CUDA")),
     (["--inputs", "{d}/wrong_name.npz"], "'nope' is not an input of the model", 2),
     (["--plan", "{d}/other.json"], "the plan was made for another model", 2),
-    (["--plan", "{d}/short.json"], "plan cannot be replayed: node", 1),
+    (["--plan", "{d}/short.json"], "the plan does not hold for this model: node", 1),
 ])
 def test_bad_execute_input_is_one_line(runnable_plan, tmp_path, args, message, code):
     model_path, plan_path, plan, _ = runnable_plan

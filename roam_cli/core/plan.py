@@ -26,8 +26,10 @@ def schema() -> dict:
 
 
 def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *, model_path: Path,
-          model_sha256: str, plan_path: Path, dims: dict[str, int], stats: dict) -> dict:
-    """The plan for `order` and `offsets` (one offset per transient storage, as in mm.storages)."""
+          model_sha256: str, plan_path: Path, dims: dict[str, int], stats: dict, workspace: list[dict] = ()) -> dict:
+    """The plan for `order` and `offsets` (one offset per transient storage, as in mm.storages);
+    `workspace`: kernel scratch buffers placed besides, {node, step, bytes, offset} (field written
+    only when there are some)."""
     n = len(order)
     pos = [0] * n
     for step, i in enumerate(order):
@@ -59,7 +61,8 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
                             "first_step": first, "last_step": last, "kind": mm.kind[name],
                             "alias_of": mm.storage_of[name]})
-    arena = max((o + s.bytes for o, s in zip(offsets, mm.storages)), default=0)
+    arena = max([o + s.bytes for o, s in zip(offsets, mm.storages)] + [w["offset"] + w["bytes"] for w in workspace],
+                default=0)
     peak, peak_step = peak_live(mm, spans)
     return {
         "format": FORMAT,
@@ -75,7 +78,7 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
         "peak_live_bytes": peak,
         "peak_step": peak_step,
         "stats": stats,
-    }
+    } | ({"workspace": list(workspace)} if workspace else {})
 
 
 def needed_bytes(plan: dict) -> int:

@@ -63,7 +63,8 @@ The search is complete: when it returns ``None`` no layout fits (a proof).  It i
 portfolio of static rankings with a doubling node limit (see :mod:`roam_cli.layout.roam`).
 
 The search runs in C (:mod:`roam_cli.layout._search`, ``engine="c"``, the default): the same
-search node for node, about 40x faster.  The Python code below is the reference the tests
+search node for node, about 40x faster; an install where that optional extension did not build
+runs the Python code instead.  The Python code below is the reference the tests
 compare it with (``engine="python"``); the preprocessing (sections, overlaps, rankings) is
 shared.
 
@@ -84,7 +85,10 @@ from bisect import bisect_right
 from collections.abc import Sequence
 from itertools import accumulate, compress
 
-from roam_cli.layout import _search
+try:
+    from roam_cli.layout import _search
+except ImportError:  # the C extension did not build (it is optional): the Python reference runs instead
+    _search = None
 
 INF = 1 << 62
 
@@ -273,7 +277,7 @@ class CanonicalSearch:
             if key in seen:
                 twin_prev[i] = seen[key]
             seen[key] = i
-        if engine == "c":
+        if engine == "c" and _search is not None:
             return self._solve_c(C, order, rank, twin_prev, fixed, node_limit, deadline, weights,
                                  cols, dynamic)
         ovl = self._overlaps()

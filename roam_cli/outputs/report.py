@@ -110,6 +110,20 @@ def reduction(value, reference) -> float | None:
     return 1 - value / reference
 
 
+def workspace_figures(plan: dict) -> dict:
+    """The plan's kernel scratch: how many buffers, their bytes, and the most live at one step."""
+    per_step: dict[int, int] = {}
+    for w in plan.get("workspace", ()):
+        per_step[w["step"]] = per_step.get(w["step"], 0) + w["bytes"]
+    return {"buffers": len(plan.get("workspace", ())), "bytes": sum(per_step.values()),
+            "max_at_one_step": max(per_step.values(), default=0)}
+
+
+def workspace_line(w: dict) -> str:
+    return (f"{w['buffers']} kernel scratch buffers, {format_bytes(w['bytes'])} in all, at most "
+            f"{format_bytes(w['max_at_one_step'])} at one step (placed in the arena)")
+
+
 def persistent_by_kind(plan: dict) -> dict[str, int]:
     """Persistent bytes per class, largest first."""
     by_kind: dict[str, int] = {}
@@ -149,6 +163,8 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "peak_live_bytes": peak,
         "arena_bytes": arena,
         "total_bytes": plan["persistent_bytes"] + arena,
+        # kernel scratch placed in the arena (optimize --workspace calibrate): buffers, bytes, the most at one step
+        "workspace": workspace_figures(plan),
         "fragmentation": (arena / peak - 1) if peak else 0.0,
         "peak_step": peak_step,
         "peak_node": plan["order"][peak_step] if plan["order"] else None,
@@ -308,6 +324,7 @@ def headline(s: dict) -> list[tuple[str, str]]:
         ("transient peak live", format_bytes(s["peak_live_bytes"])),
         *([("order", order_bound_line(s["order_bound"]))] if s["order_bound"] else []),
         ("arena", format_bytes(s["arena_bytes"])),
+        *([("workspace", workspace_line(s["workspace"]))] if s["workspace"]["buffers"] else []),
         ("fragmentation", f"{s['fragmentation']:.2%}"),
         ("total (persistent + arena)", format_bytes(s["total_bytes"])),
         ("peak at step", f"{s['peak_step']} ({s['peak_node']})"),

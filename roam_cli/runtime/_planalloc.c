@@ -8,25 +8,28 @@
  *
  * - CPU: with its arena off (enable_cpu_mem_arena = False), ORT's CPU allocator takes every
  *   tensor and kernel scratch buffer from posix_memalign and returns it with free (onnxruntime
- *   1.19), or from C++'s aligned operator new and delete (onnxruntime 1.20 on). install() points
- *   those entries of the ORT library's global offset table at our functions, the way a preloaded
- *   allocator would, but for that one library only. libstdc++'s aligned delete is free, so a
- *   buffer from either pair may be returned through the other.
+ *   1.19), or from C++'s aligned operator new and delete (onnxruntime 1.20 on). new_session()
+ *   points those entries of the ORT library's global offset table at our functions, the way a
+ *   preloaded allocator would, but for that one library only, and the last session to go puts
+ *   the original entries back. libstdc++'s aligned delete is free, so a buffer from either pair
+ *   may be returned through the other.
  * - CUDA: the CUDA provider takes external allocator functions as provider options
  *   (gpu_external_alloc / gpu_external_free / gpu_external_empty_cache); cuda_functions()
  *   gives their addresses. cudaMalloc and cudaFree are looked up at run time in the CUDA
  *   runtime ORT already loaded: nothing here links against CUDA.
  *
- * Each device has one state. RECORD passes requests through to the real allocator and logs
- * each (size, alloc event, free event); Python lays those buffers out with roam's layout
- * solver and hands back one offset per request (load_plan). SERVE then answers the k-th
- * request of a step at base + offset[k]. A request that does not match the recording (another
- * size, or its place still taken by a buffer that is live) falls back to the real allocator and
- * is counted: the arena can be wrong about nothing, only unused.
+ * Each planned session has a state of its own (a handle: new_session ... close). RECORD passes
+ * requests through to the real allocator and logs each (size, alloc event, free event); Python
+ * gives one offset per request (load_plan). SERVE then answers the k-th request of a step at
+ * base + offset[k]. A request that does not match (another size, or its place still taken by a
+ * buffer that is live) falls back to the real allocator and is counted, the first one noted: the
+ * arena can be wrong about nothing, only unused.
  *
- * Only the thread that began the step is planned (ORT's sequential executor allocates on the
- * calling thread); requests from other threads pass through and are counted. All state is
- * behind one mutex: the hooks see every allocation of the library, from any thread. */
+ * A session serves only the thread that began its step (ORT's sequential executor allocates on
+ * the calling thread), one session per thread at a time; requests from other threads pass
+ * through and are counted. The sessions are behind one mutex, which is never held while Python
+ * runs or memory is taken from the system: a Python object built under it could start the
+ * garbage collector, whose frees of ORT values come back here for the same mutex. */
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -39,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 enum { OFF = 0, RECORD = 1, SERVE = 2 };
@@ -149,33 +153,43 @@ static void vec_free(Vec *a) {
     memset(a, 0, sizeof *a);
 }
 
-/* ---- per-device state ---- */
+/* ---- per-session state ---- */
 
 typedef struct {
-    int mode;
+    int64_t requests, served, served_planned, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
+    int64_t fallback_peak, high_water;
+    int64_t miss_request, miss_size, miss_slot; /* the step's first unplanned request (-1: none) */
+} Stats;
+
+typedef struct Session {
+    int64_t id;
+    int device, mode, closed;
     pthread_t owner;
-    int any_thread; /* CUDA: the provider calls from its own threads; every request is planned */
     /* RECORD */
     Vec rec_size, rec_alloc, rec_free; /* per request: bytes, alloc event, free event (-1: live) */
+    Vec rec_time; /* and when it came (CLOCK_REALTIME ns: the clock of ORT's profiler on Linux) */
     int64_t events;
+    int rec_failed;
     PtrMap rec_live; /* pointer -> request */
     /* the plan: one slot per recorded request */
     int64_t n;
     int64_t *size, *offset;
     int64_t *ov_start, *ov; /* CSR: slots whose bytes overlap slot i's (at other times) */
-    char *live, *taken;
+    char *live, *taken, *planned; /* planned: the slot is a tensor of roam's plan, at its offset */
     char *base;
     int64_t arena_bytes;
     int64_t cursor;
     PtrMap served; /* arena pointer -> slot */
     PtrMap fallback; /* pointer -> bytes, for requests served by the real allocator */
-    /* step statistics */
-    int64_t st_served, st_served_bytes, st_unplanned, st_unplanned_bytes, st_conflicts, st_other_threads;
-    int64_t st_fallback_live, st_fallback_peak, st_high_water;
-} Device;
+    int64_t fallback_live;
+    Stats st;
+    struct Session *next;
+} Session;
 
-static Device dev[DEVICES];
-static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER; /* the sessions and everything in them */
+static Session *sessions;
+static int64_t next_id = 1;
+static int engaged[DEVICES]; /* sessions per device; atomic reads: hook_free's lock-free path */
 
 /* the real allocators */
 static int (*real_posix_memalign)(void **, size_t, size_t) = posix_memalign;
@@ -198,94 +212,185 @@ static void device_free(int d, void *p) {
         cuda_free(p);
 }
 
-static int planned_thread(const Device *s) {
-    return s->any_thread || pthread_equal(pthread_self(), s->owner);
+/* Under the lock. */
+static Session *find(int64_t id) {
+    for (Session *s = sessions; s; s = s->next)
+        if (s->id == id) return s;
+    return NULL;
 }
 
-static int in_arena(const Device *s, const void *p) {
+/* Under the lock: the session planning this thread's requests on device d, or NULL (CUDA: the
+ * provider calls from its own threads, so the one session of the device in a step). */
+static Session *planning(int d) {
+    for (Session *s = sessions; s; s = s->next)
+        if (s->device == d && s->mode != OFF && (d == CUDA || pthread_equal(pthread_self(), s->owner))) return s;
+    return NULL;
+}
+
+static Session *busy_elsewhere(int d) {
+    for (Session *s = sessions; s; s = s->next)
+        if (s->device == d && s->mode != OFF) return s;
+    return NULL;
+}
+
+static int in_arena(const Session *s, const void *p) {
     return s->base && (const char *)p >= s->base && (const char *)p < s->base + s->arena_bytes;
 }
 
-/* A slot for a request of `size` bytes at `align`, or -1. */
-static int64_t match_slot(Device *s, size_t size, size_t align) {
+static int conflicts(Session *s, int64_t j) {
+    for (int64_t k = s->ov_start[j]; k < s->ov_start[j + 1]; k++)
+        if (s->live[s->ov[k]]) {
+            s->st.conflicts++;
+            return 1;
+        }
+    return 0;
+}
+
+/* A slot for request k of `size` bytes at `align`, or -1: slot k itself when it fits (the request
+ * is the one recorded there), else the first free slot of that size a little past the cursor (the
+ * sequence moved: a one-off request skipped). A slot whose bytes are held by a live one is refused. */
+static int64_t match_slot(Session *s, int64_t k, size_t size, size_t align) {
     if ((uintptr_t)s->base % align) return -1;
+    if (k < s->n && !s->taken[k] && s->size[k] == (int64_t)size && s->offset[k] % (int64_t)align == 0)
+        return conflicts(s, k) ? -1 : k;
     int64_t end = s->cursor + LOOKAHEAD < s->n ? s->cursor + LOOKAHEAD : s->n;
     for (int64_t j = s->cursor; j < end; j++) {
-        if (s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align) continue;
-        for (int64_t k = s->ov_start[j]; k < s->ov_start[j + 1]; k++)
-            if (s->live[s->ov[k]]) {
-                s->st_conflicts++;
-                return -1;
-            }
-        return j;
+        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align) continue;
+        return conflicts(s, j) ? -1 : j;
     }
     return -1;
 }
 
+typedef struct {
+    int64_t *size, *offset, *ov_start, *ov;
+    char *live, *taken, *planned, *base;
+    int64_t n, arena_bytes;
+} Plan;
+
+static void free_plan(int d, Plan *p) {
+    free(p->size), free(p->offset), free(p->ov_start), free(p->ov), free(p->live), free(p->taken), free(p->planned);
+    if (p->base) device_free(d, p->base);
+    memset(p, 0, sizeof *p);
+}
+
+/* Under the lock: the session's plan moved out into `p` (freed later, outside the lock). */
+static void take_plan(Session *s, Plan *p) {
+    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->planned, s->base, s->n, s->arena_bytes};
+    s->size = s->offset = s->ov_start = s->ov = NULL;
+    s->live = s->taken = s->planned = s->base = NULL;
+    s->n = s->arena_bytes = 0;
+    map_clear(&s->served);
+}
+
+static void unpatch_all(void);
+
+/* Outside the lock: a session already unlinked. */
+static void destroy(Session *s) {
+    Plan p;
+    take_plan(s, &p);
+    free_plan(s->device, &p);
+    vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free), vec_free(&s->rec_time);
+    map_clear(&s->rec_live), map_clear(&s->fallback);
+    int cpu = s->device == CPU;
+    free(s);
+    if (cpu) unpatch_all(); /* the original allocator back when no CPU session is left */
+}
+
+/* Under the lock. */
+static void unlink_session(Session *s) {
+    for (Session **at = &sessions; *at; at = &(*at)->next)
+        if (*at == s) {
+            *at = s->next;
+            __atomic_sub_fetch(&engaged[s->device], 1, __ATOMIC_RELEASE);
+            return;
+        }
+}
+
 static void *allocate(int d, size_t size, size_t align) {
-    Device *s = &dev[d];
     void *p = NULL;
     pthread_mutex_lock(&lock);
-    if (s->mode == OFF || !planned_thread(s)) {
-        if (s->mode != OFF) s->st_other_threads++;
+    Session *s = planning(d);
+    if (!s) {
+        Session *other = busy_elsewhere(d);
+        if (other) other->st.other_threads++;
         pthread_mutex_unlock(&lock);
         return device_alloc(d, &p, align, size) ? NULL : p;
     }
     if (s->mode == SERVE) {
-        int64_t j = match_slot(s, size, align);
-        if (j >= 0) {
+        int64_t k = s->st.requests++;
+        int64_t j = match_slot(s, k, size, align);
+        if (j >= 0 && map_put(&s->served, (uintptr_t)(s->base + s->offset[j]), j) == 0) {
             s->taken[j] = s->live[j] = 1;
             while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
             p = s->base + s->offset[j];
-            if (map_put(&s->served, (uintptr_t)p, j) == 0) {
-                s->st_served++;
-                s->st_served_bytes += (int64_t)size;
-                if (s->offset[j] + (int64_t)size > s->st_high_water) s->st_high_water = s->offset[j] + (int64_t)size;
-                pthread_mutex_unlock(&lock);
-                return p;
-            }
-            s->taken[j] = s->live[j] = 0;
+            s->st.served++;
+            s->st.served_planned += j == k && s->planned[j]; /* its own slot: the plan's offset */
+            s->st.served_bytes += (int64_t)size;
+            if (s->offset[j] + (int64_t)size > s->st.high_water) s->st.high_water = s->offset[j] + (int64_t)size;
+            pthread_mutex_unlock(&lock);
+            return p;
+        }
+        if (s->st.miss_request < 0) {
+            s->st.miss_request = k;
+            s->st.miss_size = (int64_t)size;
+            s->st.miss_slot = s->cursor < s->n ? s->cursor : -1;
         }
     }
-    if (device_alloc(d, &p, align, size)) p = NULL;
-    if (p && s->mode == RECORD) {
+    int64_t id = s->id;
+    int mode = s->mode;
+    pthread_mutex_unlock(&lock);
+    if (device_alloc(d, &p, align, size)) return NULL;
+    pthread_mutex_lock(&lock);
+    s = find(id);
+    if (s && s->mode == mode && mode == RECORD) {
         int64_t k = (int64_t)s->rec_size.n;
+        struct timespec now;
+        clock_gettime(CLOCK_REALTIME, &now);
         if (vec_push(&s->rec_size, (int64_t)size) || vec_push(&s->rec_alloc, s->events++) ||
+            vec_push(&s->rec_time, (int64_t)now.tv_sec * 1000000000 + now.tv_nsec) ||
             vec_push(&s->rec_free, -1) || map_put(&s->rec_live, (uintptr_t)p, k)) {
             s->mode = OFF; /* out of memory for the log: stop recording, end_record reports it */
-            s->rec_size.n = 0;
+            s->rec_failed = 1;
         }
-    } else if (p) {
-        s->st_unplanned++;
-        s->st_unplanned_bytes += (int64_t)size;
-        s->st_fallback_live += (int64_t)size;
-        if (s->st_fallback_live > s->st_fallback_peak) s->st_fallback_peak = s->st_fallback_live;
+    } else if (s && s->mode == mode) {
+        s->st.unplanned++;
+        s->st.unplanned_bytes += (int64_t)size;
+        s->fallback_live += (int64_t)size;
+        if (s->fallback_live > s->st.fallback_peak) s->st.fallback_peak = s->fallback_live;
         map_put(&s->fallback, (uintptr_t)p, (int64_t)size);
-    }
+    } /* else the session ended meanwhile: p is the system's, and free hands it back there */
     pthread_mutex_unlock(&lock);
     return p;
 }
 
 static void release(int d, void *p) {
-    Device *s = &dev[d];
     if (!p) return;
+    Session *gone = NULL;
+    int ours = 0;
     pthread_mutex_lock(&lock);
-    if (in_arena(s, p)) {
-        int64_t j = map_take(&s->served, (uintptr_t)p);
-        if (j >= 0) s->live[j] = 0;
-        pthread_mutex_unlock(&lock);
-        return;
-    }
-    if (s->rec_live.used) {
-        int64_t k = map_take(&s->rec_live, (uintptr_t)p);
-        if (k >= 0) s->rec_free.v[k] = s->events++;
-    }
-    if (s->fallback.used) {
-        int64_t bytes = map_take(&s->fallback, (uintptr_t)p);
-        if (bytes >= 0) s->st_fallback_live -= bytes;
+    for (Session *s = sessions; s; s = s->next) {
+        if (s->device != d) continue;
+        if (in_arena(s, p)) {
+            int64_t j = map_take(&s->served, (uintptr_t)p);
+            if (j >= 0) s->live[j] = 0;
+            if (s->closed && !s->served.used) unlink_session(gone = s); /* closed while it was live */
+            ours = 1;
+            break;
+        }
+        int64_t k = s->rec_live.used ? map_take(&s->rec_live, (uintptr_t)p) : -1;
+        if (k >= 0) {
+            s->rec_free.v[k] = s->events++;
+            break;
+        }
+        int64_t bytes = s->fallback.used ? map_take(&s->fallback, (uintptr_t)p) : -1;
+        if (bytes >= 0) {
+            s->fallback_live -= bytes;
+            break;
+        }
     }
     pthread_mutex_unlock(&lock);
-    device_free(d, p);
+    if (gone) destroy(gone);
+    if (!ours) device_free(d, p);
 }
 
 /* ---- the hooks ---- */
@@ -297,7 +402,13 @@ static int hook_posix_memalign(void **out, size_t align, size_t size) {
     return 0;
 }
 
-static void hook_free(void *p);
+static void hook_free(void *p) {
+    if (!__atomic_load_n(&engaged[CPU], __ATOMIC_ACQUIRE)) {
+        real_free(p); /* no session: nothing of ours can be live, and the common path takes no lock */
+        return;
+    }
+    release(CPU, p);
+}
 
 /* operator new(size_t, align_val_t): a C function cannot throw bad_alloc, so a request that
  * neither the arena nor the system can serve ends the process, as an uncaught bad_alloc would. */
@@ -317,34 +428,49 @@ static void hook_delete_sized_aligned(void *p, size_t size, size_t align) {
     hook_free(p);
 }
 
-static void hook_free(void *p) {
-    if (!dev[CPU].base && !dev[CPU].mode && !dev[CPU].fallback.used && !dev[CPU].rec_live.used) {
-        real_free(p); /* nothing of ours can be live: the common path takes no lock */
-        return;
-    }
-    release(CPU, p);
-}
-
 void *roam_cuda_alloc(size_t size) { return allocate(CUDA, size, 256); }
-void roam_cuda_free(void *p) { release(CUDA, p); }
+void roam_cuda_free(void *p) {
+    if (!__atomic_load_n(&engaged[CUDA], __ATOMIC_ACQUIRE)) device_free(CUDA, p);
+    else release(CUDA, p);
+}
 void roam_cuda_empty_cache(void) {}
 
 /* ---- GOT patching ---- */
 
+/* Every entry patched, with what it held, so that the last session can put them back. Behind
+ * patch_lock (never taken inside the sessions' lock). */
+typedef struct {
+    void **slot;
+    void *original, *hook;
+} Patched;
+
+static pthread_mutex_t patch_lock = PTHREAD_MUTEX_INITIALIZER;
+static Patched *patched;
+static size_t n_patched, cap_patched;
+
 typedef struct {
     const char *needle;
-    int patched;
+    int found;
     const char *error;
 } PatchJob;
 
-static int patch_slot(void **slot, void *target) {
+static int set_slot(void **slot, void *target) {
     long page = sysconf(_SC_PAGESIZE);
     uintptr_t start = (uintptr_t)slot & ~(uintptr_t)(page - 1);
     if (mprotect((void *)start, (size_t)page, PROT_READ | PROT_WRITE)) return -1;
-    *slot = target;
+    __atomic_store_n(slot, target, __ATOMIC_RELEASE);
     /* RELRO makes the table read-only after loading; put that back */
     mprotect((void *)start, (size_t)page, PROT_READ);
     return 0;
+}
+
+static void *hook_for(const char *name) {
+    return !strcmp(name, "posix_memalign")         ? (void *)hook_posix_memalign
+           : !strcmp(name, "free")                   ? (void *)hook_free
+           : !strcmp(name, "_ZnwmSt11align_val_t")   ? (void *)hook_new_aligned
+           : !strcmp(name, "_ZdlPvSt11align_val_t")  ? (void *)hook_delete_aligned
+           : !strcmp(name, "_ZdlPvmSt11align_val_t") ? (void *)hook_delete_sized_aligned
+                                                     : NULL;
 }
 
 static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
@@ -354,6 +480,7 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
     const ElfW(Dyn) *dyn = NULL;
     for (int i = 0; i < info->dlpi_phnum; i++)
         if (info->dlpi_phdr[i].p_type == PT_DYNAMIC) dyn = (const ElfW(Dyn) *)(info->dlpi_addr + info->dlpi_phdr[i].p_vaddr);
+    job->found = 1;
     if (!dyn) {
         job->error = "no dynamic section";
         return 1;
@@ -393,52 +520,105 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data) {
 #else
 #error "GOT patching is written for x86-64 and aarch64"
 #endif
-            const char *name = names + syms[ELF64_R_SYM(r[i].r_info)].st_name;
-            void *target = !strcmp(name, "posix_memalign")         ? (void *)hook_posix_memalign
-                           : !strcmp(name, "free")                   ? (void *)hook_free
-                           : !strcmp(name, "_ZnwmSt11align_val_t")   ? (void *)hook_new_aligned
-                           : !strcmp(name, "_ZdlPvSt11align_val_t")  ? (void *)hook_delete_aligned
-                           : !strcmp(name, "_ZdlPvmSt11align_val_t") ? (void *)hook_delete_sized_aligned
-                                                                     : NULL;
+            void *target = hook_for(names + syms[ELF64_R_SYM(r[i].r_info)].st_name);
             if (!target) continue;
             void **slot = (void **)(base + r[i].r_offset);
-            if (*slot == target) { job->patched++; continue; } /* installed before */
-            if (patch_slot(slot, target)) {
+            if (*slot == target) continue; /* listed already */
+            if (n_patched == cap_patched) {
+                size_t cap = cap_patched ? cap_patched * 2 : 16;
+                Patched *grown = realloc(patched, cap * sizeof *grown);
+                if (!grown) {
+                    job->error = "out of memory";
+                    return 1;
+                }
+                patched = grown, cap_patched = cap;
+            }
+            void *original = *slot;
+            if (set_slot(slot, target)) {
                 job->error = "mprotect refused to make the offset table writable";
                 return 1;
             }
-            job->patched++;
+            patched[n_patched++] = (Patched){slot, original, target};
         }
     }
     return 1;
 }
 
+/* Under patch_lock. */
+static void restore_slots(void) {
+    for (size_t i = 0; i < n_patched; i++)
+        if (*patched[i].slot == patched[i].hook) set_slot(patched[i].slot, patched[i].original);
+    n_patched = 0;
+}
+
+/* The original entries back, when no CPU session is left. */
+static void unpatch_all(void) {
+    pthread_mutex_lock(&patch_lock);
+    pthread_mutex_lock(&lock);
+    int left = engaged[CPU];
+    pthread_mutex_unlock(&lock);
+    if (!left) restore_slots();
+    pthread_mutex_unlock(&patch_lock);
+}
+
 /* ---- Python interface ---- */
 
-static int parse_device(PyObject *args, int *d) {
-    const char *name;
-    if (!PyArg_ParseTuple(args, "s", &name)) return -1;
+static int parse_device(const char *name, int *d) {
     if (!strcmp(name, "cpu")) *d = CPU;
     else if (!strcmp(name, "cuda")) *d = CUDA;
     else {
-        PyErr_Format(PyExc_ValueError, "device must be 'cpu' or 'cuda', not %R", PyTuple_GET_ITEM(args, 0));
+        PyErr_Format(PyExc_ValueError, "device must be 'cpu' or 'cuda', not '%s'", name);
         return -1;
     }
     return 0;
 }
 
-static PyObject *py_install(PyObject *self, PyObject *args) {
-    PatchJob job = {0};
-    if (!PyArg_ParseTuple(args, "s", &job.needle)) return NULL;
-    if (!dl_iterate_phdr(patch_object, &job)) {
-        PyErr_Format(PyExc_RuntimeError, "no loaded library matches %s", job.needle);
+/* new_session(device, library): a handle. CPU: the library's allocation entries are patched
+ * (once for all sessions; put back when the last one is gone). */
+static PyObject *py_new_session(PyObject *self, PyObject *args) {
+    const char *name, *library;
+    int d;
+    if (!PyArg_ParseTuple(args, "ss", &name, &library) || parse_device(name, &d)) return NULL;
+    if (d == CUDA && !cuda_malloc) {
+        PyErr_SetString(PyExc_RuntimeError, "call cuda_functions() first");
         return NULL;
     }
-    if (job.error) {
-        PyErr_Format(PyExc_RuntimeError, "%s: %s", job.needle, job.error);
-        return NULL;
+    Session *s = calloc(1, sizeof *s);
+    if (!s) return PyErr_NoMemory();
+    s->device = d;
+    pthread_mutex_lock(&patch_lock);
+    if (d == CPU && !n_patched) {
+        PatchJob job = {library, 0, NULL};
+        dl_iterate_phdr(patch_object, &job);
+        const char *why = !job.found ? "no loaded library has that name"
+                          : job.error ? job.error
+                          : !n_patched ? "it calls none of posix_memalign, free and aligned operator new/delete "
+                                         "through its offset table (this ONNX Runtime build allocates otherwise)"
+                                       : NULL;
+        if (why) {
+            restore_slots();
+            pthread_mutex_unlock(&patch_lock);
+            free(s);
+            PyErr_Format(PyExc_RuntimeError, "%s: %s", library, why);
+            return NULL;
+        }
     }
-    return PyLong_FromLong(job.patched);
+    pthread_mutex_lock(&lock);
+    s->id = next_id++;
+    s->next = sessions;
+    sessions = s;
+    __atomic_add_fetch(&engaged[d], 1, __ATOMIC_RELEASE);
+    int64_t id = s->id;
+    pthread_mutex_unlock(&lock);
+    pthread_mutex_unlock(&patch_lock);
+    return PyLong_FromLongLong(id);
+}
+
+static PyObject *py_patched(PyObject *self, PyObject *noargs) {
+    pthread_mutex_lock(&patch_lock);
+    size_t n = n_patched;
+    pthread_mutex_unlock(&patch_lock);
+    return PyLong_FromSize_t(n);
 }
 
 static PyObject *py_cuda_functions(PyObject *self, PyObject *noargs) {
@@ -451,49 +631,107 @@ static PyObject *py_cuda_functions(PyObject *self, PyObject *noargs) {
         cuda_free = (cuda_free_t)dlsym(h, "cudaFree");
     }
     if (!cuda_malloc || !cuda_free) {
+        cuda_malloc = NULL;
         PyErr_SetString(PyExc_RuntimeError, "the CUDA runtime (libcudart) is not loadable");
         return NULL;
     }
-    dev[CUDA].any_thread = 1;
     return Py_BuildValue("(nnn)", (Py_ssize_t)(uintptr_t)roam_cuda_alloc, (Py_ssize_t)(uintptr_t)roam_cuda_free,
                          (Py_ssize_t)(uintptr_t)roam_cuda_empty_cache);
 }
 
-static PyObject *py_begin_record(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+/* Under the lock: the open session of that handle, or NULL (the caller raises after unlocking). */
+static Session *session_of(int64_t id) {
+    Session *s = find(id);
+    return s && !s->closed ? s : NULL;
+}
+
+#define PARSE_HANDLE(args, id) \
+    long long id;              \
+    if (!PyArg_ParseTuple(args, "L", &id)) return NULL;
+
+static PyObject *closed_error(void) {
+    PyErr_SetString(PyExc_RuntimeError, "that allocator session is closed");
+    return NULL;
+}
+
+static PyObject *py_begin(PyObject *args, int mode) {
+    PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free);
-    map_clear(&s->rec_live);
-    s->events = 0;
-    s->owner = pthread_self();
-    s->mode = RECORD;
+    Session *s = session_of(id);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        return closed_error();
+    }
+    Session *other = s->device == CUDA ? busy_elsewhere(CUDA) : planning(CPU);
+    const char *why = other && other != s ? "another planned session is in a step on this device and thread: end it first"
+                      : mode == SERVE && !s->base ? "no plan loaded"
+                                                  : NULL;
+    if (!why && mode == RECORD) {
+        vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free), vec_free(&s->rec_time);
+        map_clear(&s->rec_live);
+        s->events = 0;
+        s->rec_failed = 0;
+    } else if (!why) {
+        memcpy(s->taken, s->live, (size_t)s->n); /* a slot still held from the last step is not free */
+        s->cursor = 0;
+        while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
+        memset(&s->st, 0, sizeof s->st);
+        s->st.fallback_peak = s->fallback_live;
+        s->st.miss_request = s->st.miss_size = s->st.miss_slot = -1;
+    }
+    if (!why) {
+        s->owner = pthread_self();
+        s->mode = mode;
+    }
     pthread_mutex_unlock(&lock);
+    if (why) {
+        PyErr_SetString(PyExc_RuntimeError, why);
+        return NULL;
+    }
     Py_RETURN_NONE;
 }
 
+static PyObject *py_begin_record(PyObject *self, PyObject *args) { return py_begin(args, RECORD); }
+static PyObject *py_begin_step(PyObject *self, PyObject *args) { return py_begin(args, SERVE); }
+
 static PyObject *int64_list(const int64_t *v, size_t n) {
     PyObject *list = PyList_New((Py_ssize_t)n);
-    for (size_t i = 0; list && i < n; i++) PyList_SET_ITEM(list, (Py_ssize_t)i, PyLong_FromLongLong(v[i]));
+    for (size_t i = 0; list && i < n; i++) {
+        PyObject *x = PyLong_FromLongLong(v[i]);
+        if (!x) {
+            Py_CLEAR(list);
+            break;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, x);
+    }
     return list;
 }
 
-/* (sizes, alloc events, free events, events): requests still live have free event -1. */
+/* (sizes, alloc events, free events, times, events): requests still live have free event -1. The
+ * log is moved out under the lock and turned into lists after it. */
 static PyObject *py_end_record(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+    PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    int failed = s->mode != RECORD;
+    Session *s = session_of(id);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        return closed_error();
+    }
+    int failed = s->rec_failed || s->mode != RECORD;
     s->mode = OFF;
     map_clear(&s->rec_live); /* what is still live stays live to the end */
-    PyObject *r = failed ? NULL
-                         : Py_BuildValue("(NNNL)", int64_list(s->rec_size.v, s->rec_size.n),
-                                         int64_list(s->rec_alloc.v, s->rec_alloc.n),
-                                         int64_list(s->rec_free.v, s->rec_free.n), (long long)s->events);
+    Vec sizes = s->rec_size, allocs = s->rec_alloc, frees = s->rec_free, times = s->rec_time;
+    long long events = s->events;
+    memset(&s->rec_size, 0, sizeof s->rec_size), memset(&s->rec_alloc, 0, sizeof s->rec_alloc);
+    memset(&s->rec_free, 0, sizeof s->rec_free), memset(&s->rec_time, 0, sizeof s->rec_time);
     pthread_mutex_unlock(&lock);
-    if (failed) PyErr_SetString(PyExc_MemoryError, "recording ORT's requests ran out of memory");
+    PyObject *r = NULL;
+    if (failed)
+        PyErr_SetString(PyExc_MemoryError, "recording ORT's requests ran out of memory");
+    else
+        r = Py_BuildValue("(NNNNL)", int64_list(sizes.v, sizes.n), int64_list(allocs.v, allocs.n),
+                          int64_list(frees.v, frees.n), int64_list(times.v, times.n), events);
+    vec_free(&sizes), vec_free(&allocs), vec_free(&frees), vec_free(&times);
     return r;
 }
 
@@ -510,17 +748,6 @@ static int64_t *int64_array(PyObject *seq, Py_ssize_t n) {
     return v;
 }
 
-static void drop_plan(Device *s) {
-    free(s->size), free(s->offset), free(s->ov_start), free(s->ov), free(s->live), free(s->taken);
-    s->size = s->offset = s->ov_start = s->ov = NULL;
-    s->live = s->taken = NULL;
-    s->n = 0;
-    map_clear(&s->served);
-    if (s->base) device_free(s == &dev[CPU] ? CPU : CUDA, s->base);
-    s->base = NULL;
-    s->arena_bytes = 0;
-}
-
 static int64_t *order_by_offset;
 static int by_offset(const void *a, const void *b) {
     int64_t x = order_by_offset[*(const int64_t *)a], y = order_by_offset[*(const int64_t *)b];
@@ -528,13 +755,13 @@ static int by_offset(const void *a, const void *b) {
 }
 
 /* Slots sharing bytes: a sweep over slots sorted by offset (pairs only, never n^2 tests). */
-static int build_overlaps(Device *s, const int64_t *rounded) {
+static int build_overlaps(Plan *s, const int64_t *rounded) {
     int64_t n = s->n;
     int64_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
     Vec a = {0}, b = {0};
     if (!idx) return -1;
     for (int64_t i = 0; i < n; i++) idx[i] = i;
-    order_by_offset = s->offset;
+    order_by_offset = s->offset; /* the GIL is held: one sort at a time */
     qsort(idx, (size_t)n, sizeof *idx, by_offset);
     for (int64_t x = 0; x < n; x++) {
         int64_t i = idx[x], top = s->offset[i] + rounded[i];
@@ -558,143 +785,151 @@ fail:
     return -1;
 }
 
-/* load_plan(device, sizes, offsets, rounded sizes, arena bytes): slot k serves request k. */
+/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, arena bytes): slot k serves
+ * request k. The plan and its arena are built before the lock is taken, swapped in under it, the
+ * old one freed after. */
 static PyObject *py_load_plan(PyObject *self, PyObject *args) {
-    const char *name;
-    PyObject *sizes, *offsets, *rounded;
-    long long arena;
-    if (!PyArg_ParseTuple(args, "sOOOL", &name, &sizes, &offsets, &rounded, &arena)) return NULL;
-    PyObject *dev_args = Py_BuildValue("(s)", name);
-    int d, bad_device = !dev_args || parse_device(dev_args, &d);
-    Py_XDECREF(dev_args);
-    if (bad_device) return NULL;
+    long long id, arena;
+    PyObject *sizes, *offsets, *rounded, *flags;
+    if (!PyArg_ParseTuple(args, "LOOOOL", &id, &sizes, &offsets, &rounded, &flags, &arena)) return NULL;
     PyObject *fs = PySequence_Fast(sizes, "sizes"), *fo = PySequence_Fast(offsets, "offsets"),
-             *fr = PySequence_Fast(rounded, "rounded");
-    if (!fs || !fo || !fr) goto fail_seq;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
-    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n) {
-        PyErr_SetString(PyExc_ValueError, "sizes, offsets and rounded sizes differ in length");
-        goto fail_seq;
-    }
-    int64_t *sz = int64_array(fs, n), *off = int64_array(fo, n), *rs = int64_array(fr, n);
-    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr);
-    if (!sz || !off || !rs) {
-        free(sz), free(off), free(rs);
+             *fr = PySequence_Fast(rounded, "rounded"), *ff = PySequence_Fast(flags, "planned flags");
+    if (!fs || !fo || !fr || !ff) {
+        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff);
         return NULL;
     }
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
+    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n || PySequence_Fast_GET_SIZE(ff) != n) {
+        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
+        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes and planned flags differ in length");
+        return NULL;
+    }
+    Plan plan = {0};
+    int64_t *rs = int64_array(fr, n), *fl = rs ? int64_array(ff, n) : NULL;
+    plan.size = fl ? int64_array(fs, n) : NULL;
+    plan.offset = plan.size ? int64_array(fo, n) : NULL;
+    plan.planned = fl ? calloc((size_t)n + 1, 1) : NULL;
+    for (Py_ssize_t i = 0; plan.planned && i < n; i++) plan.planned[i] = fl[i] != 0;
+    free(fl);
+    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
+    pthread_mutex_lock(&lock);
+    Session *s = session_of(id);
+    int device = s ? s->device : CPU;
+    pthread_mutex_unlock(&lock);
+    if (!s) {
+        free(rs), free_plan(device, &plan);
+        return PyErr_Occurred() ? NULL : closed_error();
+    }
+    if (!plan.offset || !plan.planned) {
+        free(rs), free_plan(device, &plan);
+        return PyErr_Occurred() ? NULL : PyErr_NoMemory();
+    }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (off[i] < 0 || rs[i] < sz[i] || off[i] + rs[i] > arena) {
-            free(sz), free(off), free(rs);
+        if (plan.offset[i] < 0 || rs[i] < plan.size[i] || plan.offset[i] + rs[i] > arena) {
+            free(rs), free_plan(device, &plan);
             PyErr_Format(PyExc_ValueError, "slot %zd does not fit the arena", i);
             return NULL;
         }
-    pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    if (s->served.used) {
-        pthread_mutex_unlock(&lock);
-        free(sz), free(off), free(rs);
-        PyErr_SetString(PyExc_RuntimeError, "arena buffers are still in use; free them before loading a plan");
-        return NULL;
-    }
-    drop_plan(s);
-    s->n = n, s->size = sz, s->offset = off, s->arena_bytes = arena;
-    s->live = calloc((size_t)n + 1, 1);
-    s->taken = calloc((size_t)n + 1, 1);
+    plan.n = n, plan.arena_bytes = arena;
+    plan.live = calloc((size_t)n + 1, 1);
+    plan.taken = calloc((size_t)n + 1, 1);
     void *base = NULL;
-    int bad = !s->live || !s->taken || build_overlaps(s, rs) || device_alloc(d, &base, 4096, (size_t)(arena ? arena : 1));
+    int bad = !plan.live || !plan.taken || build_overlaps(&plan, rs) ||
+              device_alloc(device, &base, 4096, (size_t)(arena ? arena : 1));
+    plan.base = base;
     free(rs);
     if (bad) {
-        drop_plan(s);
-        pthread_mutex_unlock(&lock);
+        free_plan(device, &plan);
         return PyErr_NoMemory();
     }
-    s->base = base;
-    int64_t pairs = s->ov_start[n] / 2;
-    pthread_mutex_unlock(&lock);
-    return PyLong_FromLongLong(pairs);
-fail_seq:
-    Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr);
-    return NULL;
-}
-
-static PyObject *py_begin_step(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+    int64_t pairs = plan.ov_start[n] / 2;
+    Plan old = {0};
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    if (!s->base) {
-        pthread_mutex_unlock(&lock);
-        PyErr_SetString(PyExc_RuntimeError, "no plan loaded");
+    s = session_of(id);
+    const char *why = !s ? "that allocator session is closed"
+                      : s->served.used ? "arena buffers are still in use; free them before loading a plan"
+                                       : NULL;
+    if (!why) {
+        take_plan(s, &old);
+        s->size = plan.size, s->offset = plan.offset, s->ov_start = plan.ov_start, s->ov = plan.ov;
+        s->live = plan.live, s->taken = plan.taken, s->planned = plan.planned, s->base = plan.base;
+        s->n = plan.n, s->arena_bytes = plan.arena_bytes;
+    }
+    pthread_mutex_unlock(&lock);
+    free_plan(device, why ? &plan : &old);
+    if (why) {
+        PyErr_SetString(PyExc_RuntimeError, why);
         return NULL;
     }
-    memcpy(s->taken, s->live, (size_t)s->n); /* a slot still held from the last step is not free */
-    s->cursor = 0;
-    while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
-    s->st_served = s->st_served_bytes = s->st_unplanned = s->st_unplanned_bytes = 0;
-    s->st_conflicts = s->st_other_threads = s->st_high_water = 0;
-    s->st_fallback_peak = s->st_fallback_live;
-    s->owner = pthread_self();
-    s->mode = SERVE;
-    pthread_mutex_unlock(&lock);
-    Py_RETURN_NONE;
+    return PyLong_FromLongLong(pairs);
 }
 
+/* end_step(handle) -> the step's statistics: counted under the lock, made a dict after it. */
 static PyObject *py_end_step(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+    PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
+    Session *s = session_of(id);
+    if (!s) {
+        pthread_mutex_unlock(&lock);
+        return closed_error();
+    }
     s->mode = OFF;
+    Stats st = s->st;
     int64_t held = 0;
     for (int64_t j = 0; j < s->n; j++) held += s->live[j];
-    PyObject *r = Py_BuildValue("{sLsLsLsLsLsLsLsLsL}", "served", (long long)s->st_served, "served_bytes",
-                                (long long)s->st_served_bytes, "unplanned", (long long)s->st_unplanned,
-                                "unplanned_bytes", (long long)s->st_unplanned_bytes, "unplanned_peak_bytes",
-                                (long long)s->st_fallback_peak, "conflicts", (long long)s->st_conflicts,
-                                "other_threads", (long long)s->st_other_threads, "arena_high_water",
-                                (long long)s->st_high_water, "held_after_step", (long long)held);
     pthread_mutex_unlock(&lock);
-    return r;
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsLsL}", "requests", (long long)st.requests, "served",
+                         (long long)st.served, "served_at_plan_offset", (long long)st.served_planned, "served_bytes", (long long)st.served_bytes, "unplanned",
+                         (long long)st.unplanned, "unplanned_bytes", (long long)st.unplanned_bytes,
+                         "unplanned_peak_bytes", (long long)st.fallback_peak, "conflicts", (long long)st.conflicts,
+                         "other_threads", (long long)st.other_threads, "arena_high_water", (long long)st.high_water,
+                         "held_after_step", (long long)held, "first_unplanned_request", (long long)st.miss_request,
+                         "first_unplanned_size", (long long)st.miss_size, "first_unplanned_slot",
+                         (long long)st.miss_slot);
 }
 
 static PyObject *py_live(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+    PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    PyObject *r = Py_BuildValue("(nL)", (Py_ssize_t)s->served.used, (long long)s->st_fallback_live);
+    Session *s = session_of(id);
+    Py_ssize_t live = s ? (Py_ssize_t)s->served.used : 0;
+    long long fallback = s ? (long long)s->fallback_live : 0;
     pthread_mutex_unlock(&lock);
-    return r;
+    if (!s) return closed_error();
+    return Py_BuildValue("(nL)", live, fallback);
 }
 
-static PyObject *py_drop(PyObject *self, PyObject *args) {
-    int d;
-    if (parse_device(args, &d)) return NULL;
+/* close(handle) -> arena buffers still live. The session stops serving at once; its arena is
+ * freed now, or by the free of its last live buffer. Closing twice does nothing. */
+static PyObject *py_close(PyObject *self, PyObject *args) {
+    PARSE_HANDLE(args, id)
     pthread_mutex_lock(&lock);
-    Device *s = &dev[d];
-    int busy = s->served.used != 0;
-    if (!busy) {
-        drop_plan(s);
+    Session *s = find(id);
+    Py_ssize_t live = 0;
+    if (s && !s->closed) {
         s->mode = OFF;
-    }
+        s->closed = 1;
+        live = (Py_ssize_t)s->served.used;
+        if (live) s = NULL;
+        else unlink_session(s);
+    } else
+        s = NULL;
     pthread_mutex_unlock(&lock);
-    if (busy) {
-        PyErr_SetString(PyExc_RuntimeError, "arena buffers are still in use");
-        return NULL;
-    }
-    Py_RETURN_NONE;
+    if (s) destroy(s);
+    return PyLong_FromSsize_t(live);
 }
 
 static PyMethodDef methods[] = {
-    {"install", py_install, METH_VARARGS, "install(library): serve posix_memalign/free of that loaded library; slots patched."},
+    {"new_session", py_new_session, METH_VARARGS, "new_session(device, library) -> handle; CPU: patches that loaded library."},
+    {"patched", py_patched, METH_NOARGS, "patched() -> offset-table entries patched now."},
     {"cuda_functions", py_cuda_functions, METH_NOARGS, "(alloc, free, empty_cache) addresses for gpu_external_*."},
-    {"begin_record", py_begin_record, METH_VARARGS, "begin_record(device): log this thread's requests."},
-    {"end_record", py_end_record, METH_VARARGS, "end_record(device) -> (sizes, alloc events, free events, events)."},
-    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(device, sizes, offsets, rounded, arena): slot pairs sharing bytes."},
-    {"begin_step", py_begin_step, METH_VARARGS, "begin_step(device): serve this thread's requests from the arena."},
-    {"end_step", py_end_step, METH_VARARGS, "end_step(device) -> the step's statistics."},
-    {"live", py_live, METH_VARARGS, "live(device) -> (arena buffers live, fallback bytes live)."},
-    {"drop", py_drop, METH_VARARGS, "drop(device): free the arena (nothing may be live in it)."},
+    {"begin_record", py_begin_record, METH_VARARGS, "begin_record(handle): log this thread's requests."},
+    {"end_record", py_end_record, METH_VARARGS, "end_record(handle) -> (sizes, alloc events, free events, times in ns, events)."},
+    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, arena): slot pairs sharing bytes."},
+    {"begin_step", py_begin_step, METH_VARARGS, "begin_step(handle): serve this thread's requests from the arena."},
+    {"end_step", py_end_step, METH_VARARGS, "end_step(handle) -> the step's statistics."},
+    {"live", py_live, METH_VARARGS, "live(handle) -> (arena buffers live, fallback bytes live)."},
+    {"close", py_close, METH_VARARGS, "close(handle) -> arena buffers still live; the arena goes with the last."},
     {NULL, NULL, 0, NULL},
 };
 

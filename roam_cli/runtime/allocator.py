@@ -1,12 +1,16 @@
-"""ONNX Runtime's own session, allocating from one arena laid out by roam.
+"""ONNX Runtime's own session, allocating from one arena: the plan's.
 
 With memory patterns off and PRIORITY_BASED order, the allocation requests ORT makes during a
 step are the same every step: the same sizes, in the same order, freed at the same points. So
-the first step is recorded (served by the real allocator), the recorded requests are laid out
-by roam's layout solver as buffers whose lifetimes are the step's allocation events, and every
-later step is served from one arena of that layout's size: request k at offset k. Whatever the
-recording does not cover falls back to the real allocator and is counted per step (see
-`_planalloc.c` for how the requests are intercepted, and why there).
+the first step is recorded (served by the real allocator) and every later step is served from
+one arena: request k at offset k. Given the plan (`planned_requests`), each recorded request is
+matched to the planned tensor it is (the node that was running, from ORT's profiler, and the
+tensor's bytes) and gets that tensor's offset in the plan's arena; the requests the plan does not
+name (kernel scratch it has no `workspace` for) and the few that outlive their plan life are
+fitted around them, first fit by their recorded lifetimes. Without a plan, roam's layout
+solver lays out all recorded requests. Whatever the recording does not cover falls back to the
+real allocator and is counted per step (see `_planalloc.c` for how the requests are intercepted,
+and why there).
 
     arena = ArenaAllocator("cpu")
     session = ort.InferenceSession(model, arena.session_options(options), providers=arena.providers())
@@ -18,6 +22,8 @@ recording does not cover falls back to the real allocator and is counted per ste
 
 from __future__ import annotations
 
+import bisect
+import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -28,7 +34,11 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 from roam_cli import layout
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend.providers import PROVIDERS, RUNTIME
-from roam_cli.runtime import _planalloc
+
+try:
+    from roam_cli.runtime import _planalloc
+except ImportError as e:  # optional: it builds on Linux (x86-64, aarch64) with a C compiler
+    _planalloc, NOT_BUILT = None, str(e)
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
 ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]
@@ -44,10 +54,156 @@ class Recording:
 
     sizes: list[int]
     lifetimes: list[tuple[int, int]]  # [alloc event, free event), half-open
+    times: list[int]  # when each request came (ns, CLOCK_REALTIME)
 
     @property
     def buffers(self) -> list[tuple[int, int, int]]:
         return [(lo, hi, _round_up(size)) for size, (lo, hi) in zip(self.sizes, self.lifetimes)]
+
+
+@dataclass(frozen=True)
+class PlannedTensor:
+    """A tensor the plan places in its arena, as ORT requests it (plan order, then output order)."""
+
+    name: str
+    node: str
+    bytes: int
+    offset: int
+    step: int  # its node's place in the plan's order
+    last_step: int  # the last step of the plan's order that it is live at
+    successors: tuple[str, ...] = ()  # planned outputs of its readers of its size: ORT may write one into it
+    workspace: bool = False  # kernel scratch (plan field `workspace`), not a tensor
+
+
+
+
+def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
+    """The plan's arena tensors in the order ORT allocates them: by the producing node's place in
+    the plan's order, then the node's outputs in order, then its workspace (plan field
+    `workspace`). Views and in-place results have no offset of their own: ORT makes no request
+    for them."""
+    place = {t["name"]: t for t in plan["tensors"]}
+    step = {name: k for k, name in enumerate(plan["order"])}
+    scratch: dict[str, list[dict]] = {}
+    for w in plan.get("workspace", ()):
+        scratch.setdefault(w["node"], []).append(w)
+    def placed(name: str) -> bool:
+        return name in place and place[name]["offset"] is not None and "alias_of" not in place[name]
+
+    def root(name: str) -> str:
+        while "alias_of" in place.get(name, {}):
+            name = place[name]["alias_of"]
+        return name
+
+    group: dict[str, list[str]] = {}  # storage -> the tensors in it (itself, its views)
+    for name in place:
+        group.setdefault(root(name), []).append(name)
+
+    def successors(name: str) -> tuple[str, ...]:
+        """What its readers, or its views' readers, make of its size: a kernel in place writes one there."""
+        return tuple(out for member in group.get(name, [name]) for i in graph.consumers.get(member, ())
+                     for out in graph.nodes[i].outputs if placed(out) and place[out]["bytes"] == place[name]["bytes"])
+
+    return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
+            for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], step[n.name],
+                                    place[out]["last_step"], successors(out)) for out in n.outputs if placed(out)]
+            + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], w["step"], (),
+                             True)
+               for k, w in enumerate(scratch.get(n.name, ()))]]
+
+
+def within_node(lifetimes: list[tuple[int, int]], nodes: list[str | None]) -> list[bool]:
+    """Whether each request was freed before the next node's first request came: kernel scratch,
+    where an output lives on into the nodes that read it. The last node's are taken for outputs:
+    no later request tells."""
+    nexts, following = [0] * len(nodes), -1
+    for k in range(len(nodes) - 1, -1, -1):
+        nexts[k] = following
+        if k and nodes[k - 1] != nodes[k]:
+            following = lifetimes[k][0]
+    return [hi <= nxt for (_, hi), nxt in zip(lifetimes, nexts)]
+
+
+def match(sizes: list[int], planned: list[PlannedTensor], alignment: int, nodes: list[str | None] | None = None,
+          scratch: list[bool] | None = None, window: int = 16) -> list[int]:
+    """For each request, the index of the planned tensor it is, or -1 (workspace). With `nodes`
+    (the node that ran when each request came, from ORT's profiler): a request is the first
+    tensor of its node not yet matched whose bytes are its size rounded up to the plan's
+    alignment, workspace first for a request freed within its node (`scratch`), outputs first
+    for the others. Without: the next planned tensor of its size within `window` places, in order."""
+    rounded = [-(-size // alignment) * alignment for size in sizes]
+    found = []
+    if nodes is not None:
+        outputs: dict[str, list[int]] = {}
+        for j, t in enumerate(planned):
+            outputs.setdefault(t.node, []).append(j)
+        for size, node, inside in zip(rounded, nodes, scratch or [False] * len(sizes)):
+            left = sorted(outputs.get(node, []), key=lambda j: planned[j].workspace != inside)
+            hit = next((j for j in left if planned[j].bytes == size), -1)
+            left = outputs.get(node, [])
+            if hit >= 0:
+                left.remove(hit)
+            found.append(hit)
+        return found
+    cursor = 0
+    for size in rounded:
+        hit = next((j for j in range(cursor, min(cursor + window, len(planned))) if planned[j].bytes == size), -1)
+        found.append(hit)
+        if hit >= 0:
+            cursor = hit + 1
+    return found
+
+
+def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | None]:
+    """The node whose kernel ran at each time (ns), from spans (start, end, node) sorted by start."""
+    starts = [span[0] for span in spans]
+    nodes = []
+    for t in times:
+        k = bisect.bisect_right(starts, t) - 1
+        nodes.append(spans[k][2] if k >= 0 and t <= spans[k][1] else None)
+    return nodes
+
+
+def settle(buffers: list[tuple[int, int, int, list[int]]], late: set[int] = frozenset()) -> list[int | None]:
+    """For buffers (lo, hi, bytes, candidate offsets), over recorded lifetimes, the first candidate
+    that shares no bytes with a buffer settled before it while both are live, or None: a sweep in
+    allocation order, then the `late` ones (those that outlive their plan life: they must not take
+    the place of the many that keep to it)."""
+    live: list[tuple[int, int]] = []  # (hi, index) of the settled buffers, a heap
+    chosen: list[int | None] = [None] * len(buffers)
+
+    def free(k: int, at: int, others) -> bool:
+        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2] for j in others)
+
+    for k in sorted(set(range(len(buffers))) - late, key=lambda k: buffers[k][0]):
+        lo, hi, _, candidates = buffers[k]
+        while live and live[0][0] <= lo:
+            heapq.heappop(live)
+        chosen[k] = next((at for at in candidates if free(k, at, (j for _, j in live))), None)
+        if chosen[k] is not None:
+            heapq.heappush(live, (hi, k))
+    for k in sorted(late, key=lambda k: buffers[k][0]):
+        lo, hi, _, candidates = buffers[k]
+        meets = [j for j, c in enumerate(chosen) if c is not None and buffers[j][0] < hi and lo < buffers[j][1]]
+        chosen[k] = next((at for at in candidates if free(k, at, meets)), None)
+    return chosen
+
+
+def fit_around(fixed: list[tuple[int, int, int, int]], loose: list[tuple[int, int, int]]) -> list[int]:
+    """Offsets for `loose` buffers (lo, hi, bytes) that overlap neither the `fixed` ones (lo, hi,
+    bytes, offset) nor each other while both are live ([lo, hi) events): first fit, largest first."""
+    placed = list(fixed)
+    offsets = [0] * len(loose)
+    for k in sorted(range(len(loose)), key=lambda k: -loose[k][2]):
+        lo, hi, size = loose[k]
+        at = 0
+        for _, _, other, start in sorted((p for p in placed if p[0] < hi and lo < p[1]), key=lambda p: p[3]):
+            if start >= at + size:
+                break
+            at = max(at, _round_up(start + other))
+        offsets[k] = at
+        placed.append((lo, hi, size, at))
+    return offsets
 
 
 @dataclass
@@ -60,31 +216,36 @@ class Step:
 
 
 class ArenaAllocator:
-    """Serves one device's ORT allocations from an arena laid out by roam after the first step.
-    One per device at a time: the C side holds one arena per device."""
+    """Serves one session's ORT allocations from an arena laid out by roam after the first step.
+    Each has a state of its own in the C extension; several may live in one process, one in a
+    step per thread at a time. close() ends it (also after a failed step)."""
 
-    active: dict[str, "ArenaAllocator"] = {}
-
-    def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0):
+    def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0,
+                 planned: list[PlannedTensor] | None = None, plan_arena: int = 0, plan_alignment: int = ALIGNMENT):
+        """planned: the plan's tensors as ORT requests them (`planned_requests`), served at their
+        offsets in an arena of at least `plan_arena` bytes; None lays out what step 1 records."""
+        self.handle: int | None = None
+        if _planalloc is None:
+            raise RoamError(f"roam's allocator is not in this install: its C extension roam_cli/runtime/_planalloc.c "
+                            f"did not build ({NOT_BUILT}); it needs Linux on x86-64 or aarch64 and a C compiler at "
+                            "install time. Run with --allocator ort")
+        self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
+        self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
+        self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
+        self.served_at: dict[int, int] = {}  # request -> the plan offset it is served at
+        self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
-        if device in ArenaAllocator.active:
-            raise RoamError(f"an arena allocator for {device} is in use already: close it first")
         self.device, self.strategy, self.time_limit = device, strategy, time_limit
         self.steps = 0
         self.recording: Recording | None = None
         self.layout: dict = {}
-        if device == "cpu":
-            try:
-                _planalloc.install(ORT_LIBRARY)
-            except RuntimeError as e:
-                raise RoamError(f"cannot serve ONNX Runtime's CPU allocations: {e}") from None
-        else:
-            try:
+        try:
+            if device == "cuda":
                 self.cuda_functions = _planalloc.cuda_functions()
-            except RuntimeError as e:
-                raise RoamError(f"cannot serve ONNX Runtime's CUDA allocations: {e}") from None
-        ArenaAllocator.active[device] = self
+            self.handle = _planalloc.new_session(device, ORT_LIBRARY)
+        except RuntimeError as e:
+            raise RoamError(f"cannot serve ONNX Runtime's {device.upper()} allocations: {e}") from None
 
     def session_options(self, options: ort.SessionOptions) -> ort.SessionOptions:
         """`options` made to send every tensor to this allocator, one request per tensor."""
@@ -108,35 +269,119 @@ class ArenaAllocator:
         self.steps += 1
         current = Step(self.steps, recorded=self.recording is None)
         if current.recorded:
-            _planalloc.begin_record(self.device)
+            self._begin(_planalloc.begin_record)
             try:
                 yield current
             finally:
-                sizes, allocs, frees, events = _planalloc.end_record(self.device)
+                sizes, allocs, frees, times, events = _planalloc.end_record(self.handle)
             if not sizes:
                 raise RoamError(f"roam's allocator saw none of {RUNTIME}'s {self.device} allocations (it allocates "
                                 "otherwise than the hooks expect): run with --allocator ort")
-            self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)])
+            self.recording = Recording(sizes, [(a, f if f >= 0 else events) for a, f in zip(allocs, frees)], times)
             current.stats = {"recorded": len(sizes), "recorded_bytes": sum(sizes)}
             self._load(self.recording)
         else:
-            _planalloc.begin_step(self.device)
+            self._begin(_planalloc.begin_step)
             try:
                 yield current
             finally:
-                current.stats = _planalloc.end_step(self.device)
+                current.stats = _planalloc.end_step(self.handle)
+
+    def _begin(self, begin) -> None:
+        if self.handle is None:
+            raise RoamError("roam's allocator is closed")
+        try:
+            begin(self.handle)
+        except RuntimeError as e:
+            raise RoamError(f"roam's allocator cannot begin step {self.steps}: {e}") from None
 
     def _load(self, recording: Recording) -> None:
         t = time.perf_counter()
         buffers = recording.buffers
-        placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
-        pairs = _planalloc.load_plan(self.device, recording.sizes, placed.offsets, [b[2] for b in buffers],
-                                     placed.arena)
-        self.layout = {"strategy": self.strategy, "requests": len(buffers), "arena_bytes": placed.arena,
-                       "peak_live_bytes": layout.peak_live(buffers), "address_sharing_pairs": pairs,
-                       "seconds": time.perf_counter() - t}
+        if self.planned is None:
+            placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
+            offsets, rounded, arena = placed.offsets, [b[2] for b in buffers], placed.arena
+            self.matched = [-1] * len(buffers)
+        else:
+            offsets, rounded, arena = self._at_plan_offsets(buffers)
+        pairs = _planalloc.load_plan(self.handle, recording.sizes, offsets, rounded,
+                                     [self.at_offset(k) for k in range(len(buffers))], arena)
+        workspace = [b for b, m in zip(buffers, self.matched) if m < 0]
+        named = sum(m >= 0 for m in self.matched)
+        self.layout = {"strategy": "plan" if self.planned is not None else self.strategy, "requests": len(buffers),
+                       "planned_requests": named, "planned_not_requested": len(self.planned or ()) - named,
+                       "planned_moved": len(self.moved),
+                       "first_moved": self.request(min(self.moved)) if self.moved else None,
+                       "workspace_requests": len(workspace), "workspace_bytes": layout.peak_live(workspace),
+                       "arena_bytes": arena, "peak_live_bytes": layout.peak_live(buffers),
+                       "address_sharing_pairs": pairs, "seconds": time.perf_counter() - t}
 
-    def close(self) -> None:
-        """Free the arena (every buffer ORT had from it must be gone)."""
-        _planalloc.drop(self.device)
-        ArenaAllocator.active.pop(self.device, None)
+    def _at_plan_offsets(self, buffers) -> tuple[list[int], list[int], int]:
+        """Each request the plan names at its tensor's offset; the workspace fitted around them."""
+        nodes = node_at(self.recording.times, self.spans) if self.spans else None
+        scratch = within_node(self.recording.lifetimes, nodes) if nodes else None
+        self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes, scratch)
+        # ORT may keep a tensor longer than the plan says: a kernel working in place (Relu, on
+        # onnxruntime 1.19 even with memory reuse off) writes its output into its input, which then
+        # lives as long as the output. Such a request takes the output's plan offset when its own
+        # is taken by then; one that has no free plan offset is fitted like workspace.
+        offset = {t.name: t.offset for t in self.planned}
+        requested = {self.planned[m].name for m in self.matched if m >= 0}
+        at_plan = [k for k, m in enumerate(self.matched) if m >= 0]
+        step = {t.name: s for s, t in enumerate(self.planned)}  # the plan's place of each planned request
+        came = sorted((buffers[k][0], step[self.planned[self.matched[k]].name]) for k in at_plan)
+
+        def reached(k: int) -> int:
+            """The planned request ORT had come to when it freed request k."""
+            return came[max(bisect.bisect_left(came, (buffers[k][1], -1)) - 1, 0)][1]
+
+        def candidates(k: int) -> list[int]:
+            """Its own offset first; an unrequested successor's first when it outlived that one's start."""
+            t = self.planned[self.matched[k]]
+            absorbed = [s for s in t.successors if s not in requested]
+            if absorbed and reached(k) > step[absorbed[0]]:
+                return [offset[s] for s in absorbed] + [t.offset]
+            return [t.offset] + [offset[s] for s in absorbed]
+
+        # outliving its plan life: freed after a request the plan makes after its last step (ORT frees
+        # an output nobody reads at the end of the run; a kernel in place extends its input's life)
+        late = {i for i, k in enumerate(at_plan)
+                if self.planned[reached(k)].step > self.planned[self.matched[k]].last_step}
+        chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in at_plan], late)
+        self.moved = {k for k, at in zip(at_plan, chosen) if at is None}
+        self.served_at = {k: at for k, at in zip(at_plan, chosen) if at is not None}
+        fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in self.served_at.items()]
+        fits = [k for k in range(len(buffers)) if not self.at_offset(k)]
+        offsets = [self.served_at.get(k, 0) for k in range(len(buffers))]
+        for k, at in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
+            offsets[k] = at
+        rounded = [self.planned[m].bytes if self.at_offset(k) else b[2]
+                   for k, (b, m) in enumerate(zip(buffers, self.matched))]
+        arena = max([self.plan_arena] + [o + r for o, r in zip(offsets, rounded)])
+        return offsets, rounded, arena
+
+    def at_offset(self, k: int) -> bool:
+        """Request k is served at its tensor's plan offset."""
+        return self.matched[k] >= 0 and k not in self.moved
+
+    def request(self, k: int) -> str:
+        """Request k of a step in words: the planned tensor it is, or the workspace near one."""
+        if not 0 <= k < len(self.matched):
+            return f"request {k + 1} (past the {len(self.matched)} of step 1)"
+        if self.matched[k] >= 0:
+            t = self.planned[self.matched[k]]
+            return f"request {k + 1} ({t.name!r} of node {t.node!r}, {t.bytes} bytes at offset {t.offset})"
+        before = next((self.planned[m] for m in reversed(self.matched[:k]) if m >= 0), None)
+        return f"request {k + 1} (workspace" + (f" after node {before.node!r})" if before else ")")
+
+    def close(self) -> int:
+        """Stop serving, at once, and free the arena: now, or when the last buffer ORT still holds
+        from it is freed (returns how many such buffers there are). The last allocator to close
+        gives ORT's library its own allocation entries back. Closing twice does nothing."""
+        if self.handle is None:
+            return 0
+        held, self.handle = _planalloc.close(self.handle), None
+        return held
+
+    def __del__(self):
+        self.close()

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 from rich.console import Console
 from rich.table import Table
 
-from roam_cli import pair
+from roam_cli import pair, verify
 from roam_cli.core import annotate
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.units import format_bytes
@@ -168,6 +168,15 @@ def executed_order(profile: Path) -> list[str]:
     return [e["name"][: -len("_kernel_time")] for e in kernels]
 
 
+def kernel_spans(profile: Path, start_ns: int) -> list[tuple[int, int, str]]:
+    """(start, end, node) of each kernel ORT ran, in ns on the clock of `start_ns`
+    (InferenceSession.get_profiling_start_time_ns), sorted by start."""
+    kernels = [e for e in json.loads(profile.read_text())
+               if e.get("cat") == "Node" and e.get("name", "").endswith("_kernel_time")]
+    return sorted((start_ns + e["ts"] * 1000, start_ns + (e["ts"] + e["dur"]) * 1000, e["name"][: -len("_kernel_time")])
+                  for e in kernels)
+
+
 def order_agreement(plan_order: list[str], executed: list[str]) -> dict:
     """Fraction of pairs of plan nodes that ran in plan order. Nodes ORT removed (folded,
     eliminated) or created (fusions, copies) are counted apart and left out of the pairs."""
@@ -280,6 +289,7 @@ def execute_plan(model_path: Path, plan: dict, device: str, inputs_path: Path | 
     with pair.planned_graph(model_path, plan) as imported:
         if pair.member(plan, imported.sha256) is None:
             raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+        verify.require(imported.graph, imported.sha256, plan)
         return execute_graph(imported, model_path, plan, device, inputs_path, seed, progress)
 
 

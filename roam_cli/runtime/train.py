@@ -26,16 +26,16 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
-from roam_cli import pair
+from roam_cli import pair, verify
 from roam_cli.core import memory
-from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
-from roam_cli.runtime.allocator import ArenaAllocator
+from roam_cli.runtime.allocator import ArenaAllocator, planned_requests
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
     RTOL,
@@ -43,6 +43,7 @@ from roam_cli.runtime.execute import (
     extended_bytes,
     in_order,
     input_specs,
+    kernel_spans,
     seed_random_ops,
 )
 
@@ -76,15 +77,17 @@ class PlannedSession:
 
     def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
                  ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None,
-                 recomputing: bool = True, in_place: bool = True):
+                 recomputing: bool = True, in_place: bool = True, allow_unplanned: bool = False):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
         self.device = device
         self.in_place = in_place
+        self.allow_unplanned = allow_unplanned
         with pair.planned_graph(model_path, plan) as imported:  # the graph ORT runs, either member given
             if pair.member(plan, imported.sha256) is None:
                 raise RoamError(f"{model_path}: {pair.refusal(plan, imported.sha256)}")
+            verify.require(imported.graph, imported.sha256, plan)
             if gradient_accumulators(imported.model.graph):
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
@@ -102,7 +105,8 @@ class PlannedSession:
                 model = rewrite.undo(model, plan["recompute"])
             seed_random_ops(model, seed)
             config = (config or {}) | locate_weights(model, imported.path.resolve().parent)
-            self.session = self._session(model, ordered, allocator, log_arena, config)
+            planned = planned_requests(self.graph, plan) if ordered and recomputing else None
+            self.session = self._session(model, ordered, allocator, log_arena, config, planned, plan)
         self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_shapes = {name: tuple(shape) for name, _, shape in input_specs(self.graph)}
@@ -111,7 +115,7 @@ class PlannedSession:
         self.steps = 0
 
     def _session(self, model: onnx.ModelProto, ordered: bool, allocator: str, log_arena: bool,
-                 config: dict[str, str]) -> ort.InferenceSession:
+                 config: dict[str, str], planned, plan: dict) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.log_severity_level = 3
         for key, value in config.items():
@@ -123,13 +127,19 @@ class PlannedSession:
         # would compare fusions, not plans.
         level, disabled = planned_optimizations(model)
         options.graph_optimization_level = level
-        self.arena = ArenaAllocator(self.device) if allocator == "roam" else None
+        self.arena = ArenaAllocator(self.device, planned=planned, plan_arena=plan["arena_bytes"],
+                                    plan_alignment=plan["alignment"]) if allocator == "roam" else None
         if self.arena is not None:
             options = self.arena.session_options(options)
             providers = self.arena.providers()
         else:
             providers = arena_providers(self.device, options, same_as_requested=allocator == "ort-same-as-requested")
         self.log_arena = log_arena and self.arena is None
+        self.profile_folder = None
+        if planned is not None and self.arena is not None:  # step 1's kernels tell whose each request is
+            self.profile_folder = tempfile.TemporaryDirectory(prefix="roam-profile-")
+            options.enable_profiling = True
+            options.profile_file_prefix = str(Path(self.profile_folder.name) / "step1")
         with ort_arena_log(self.device) if self.log_arena else nullcontext({}) as log:  # the constants go there too
             try:
                 session = ort.InferenceSession(model.SerializeToString(), options, providers=providers,
@@ -155,8 +165,9 @@ class PlannedSession:
                       for name in self.state_names}
 
     def close(self) -> None:
-        """End the session and give its arena back (the state stays readable)."""
-        del self.session
+        """End the session and give its arena back (the state stays readable). Safe after a failed
+        step, and twice."""
+        self.session = None
         if self.arena is not None:
             self.arena.close()
 
@@ -187,6 +198,8 @@ class PlannedSession:
                 self.session.run_with_iobinding(binding)
             except Exception as e:
                 raise RoamError(f"ONNX Runtime could not run step {self.steps}: {first_line(e)}") from None
+            if self.profile_folder is not None:
+                self._stop_profiling()
             values = binding.get_outputs()
             outputs = {name: values[self.output_names.index(name)].numpy().copy() for name in returned}
             if not self.in_place:
@@ -198,6 +211,13 @@ class PlannedSession:
             binding.clear_binding_outputs()
             del binding
         return StepResult(self.steps, outputs, time.perf_counter() - t, memory_figures)
+
+    def _stop_profiling(self) -> None:
+        """Step 1's kernel spans to the allocator, which tells by them which node each request came in."""
+        profile = Path(self.session.end_profiling())
+        self.arena.spans = kernel_spans(profile, self.session.get_profiling_start_time_ns())
+        self.profile_folder.cleanup()
+        self.profile_folder = None
 
     @contextmanager
     def _allocator_step(self):
@@ -224,8 +244,16 @@ class PlannedSession:
                                 f"plan places {self.planned_storages} tensors: {why}")
             figures.update(self.arena.layout)
             figures["bytes"] = self.arena.layout["peak_live_bytes"]
-        else:
-            figures["bytes"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+            return
+        figures["bytes"] = figures["bytes_held"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+        figures["planned_requests"] = self.arena.layout["planned_requests"]
+        figures["workspace_bytes"] = self.arena.layout["workspace_bytes"]
+        if step.stats["unplanned"] and not self.allow_unplanned:
+            k = step.stats["first_unplanned_request"]
+            raise CheckFailed(f"step {step.number}: ORT's {self.arena.request(k)} asked for "
+                              f"{step.stats['first_unplanned_size']} bytes, which the plan does not serve there "
+                              f"({step.stats['unplanned']} such requests this step); --allow-unplanned serves them "
+                              "from the system and counts them")
 
 
 @contextmanager
@@ -303,14 +331,24 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
 
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
-          log_arena: bool = True, on_step=None) -> dict:
+          log_arena: bool = True, allow_unplanned: bool = False, on_step=None) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order and arena) and the differences. Plain values out."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
+    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena,
+                             allow_unplanned=allow_unplanned)
+    try:
+        return run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator,
+                         compare, report)
+    finally:
+        planned.close()
+
+
+def run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator, compare,
+              report) -> dict:
     kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
-    planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena)
     arrays = read_batches(inputs_path, planned)
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
     planned.set_state(start)
@@ -330,7 +368,6 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
     }
     if compare:
         figures["compare"] = compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed)
-    planned.close()
     return figures
 
 
@@ -341,14 +378,16 @@ def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, s
     each relative to the reference's largest magnitude (`execute.difference`)."""
     plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False,
                            recomputing=False, in_place=False)
-    plain.set_state(start)
-    per_step, seconds = [], []
-    for r in rows:
-        ref = plain.step(batch_for(r.number, start, arrays, plain))
-        per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
-        seconds.append(ref.seconds)
-    got, ref_state = planned.state_arrays(), plain.state_arrays()
-    plain.close()
+    try:
+        plain.set_state(start)
+        per_step, seconds = [], []
+        for r in rows:
+            ref = plain.step(batch_for(r.number, start, arrays, plain))
+            per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
+            seconds.append(ref.seconds)
+        got, ref_state = planned.state_arrays(), plain.state_arrays()
+    finally:
+        plain.close()
     return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
             "state_max_rel": max((relative_difference(ref_state[n], got[n]) for n in ref_state), default=0.0),
             "state_tensors": len(ref_state), "plain_seconds": seconds}
@@ -380,9 +419,12 @@ def render_summary(result: dict, console) -> None:
             f"median step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms")
     if result["arena"]:
         a = result["arena"]
+        at_plan = min((r["memory"].get("served_at_plan_offset", 0) for r in later), default=0)
         line += (f"; arena {format_bytes(a['arena_bytes'])} for {a['requests']} requests per step "
                  f"(plan arena {format_bytes(result['plan']['arena_bytes'])}); "
-                 f"{unplanned} unplanned requests after step 1")
+                 + (f"{at_plan} of {a['planned_requests']} planned requests at their plan offset; "
+                    if "planned_requests" in a and rows[1:] else "")
+                 + f"{unplanned} unplanned requests after step 1")
     console.print(line, highlight=False, soft_wrap=True)
     if "compare" in result:
         c = result["compare"]
