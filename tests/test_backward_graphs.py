@@ -234,7 +234,24 @@ def test_a_symbolic_dimension_is_refused(tmp_path):
     m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
               {"fc.weight": np.ones((3, 4), np.float32)})
     err = refused(tmp_path, m, "--loss", "mse")
-    assert "static shapes" in err and "'batch'" in err and "--dim" not in err
+    assert "static shapes" in err and "'batch'" in err and "--dim batch=N" in err
+
+
+def test_dim_binds_a_symbolic_dimension_before_differentiating(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
+              {"fc.weight": np.ones((3, 4), np.float32)})
+    out = tmp_path / "t.onnx"
+    r = roam("make-training-graph", save(m, tmp_path / "m.onnx"), "-o", out, "--loss", "mse", "--dim", "batch=5")
+    assert r.code == 0, r.err
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(out)).graph.input}
+    assert shapes["x"] == [5, 3] and shapes["target"] == [5, 4]
+
+
+def test_dim_naming_no_input_dimension_is_refused(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
+              {"fc.weight": np.ones((3, 4), np.float32)})
+    err = refused(tmp_path, m, "--loss", "mse", "--dim", "btach=5")
+    assert "--dim btach" in err and "batch" in err
 
 
 def test_cross_entropy_refuses_labels_that_do_not_fit_the_logits(tmp_path):
