@@ -239,8 +239,12 @@ def main() -> None:
           "(torch norm, diff norm) | 20-step loss rel. error | loss step 1 → 20 (torch / roam) |")
     print("|---|---|---:|---:|---:|---|---|---:|---|")
     for name in args.only.split(","):
-        with tempfile.TemporaryDirectory() as scratch:
-            r = check(name, args.layers, full, Path(scratch))
+        try:
+            with tempfile.TemporaryDirectory() as scratch:
+                r = check(name, args.layers, full, Path(scratch))
+        except Exception as e:  # noqa: BLE001  (the row says why; the other models still run)
+            print(f"| {name} | fails: {type(e).__name__}: {str(e).strip().splitlines()[-1][:300]} |", flush=True)
+            continue
         noise = "; ".join(f"{p} ({a:.1e}, {b:.1e})" for p, (a, b) in r["noise"].items()) or "-"
         flag = "" if r["worst"] <= TOLERANCE and r["loss_error"] <= TOLERANCE and not r["missing"] else " **FAIL**"
         print(f"| {r['model']} | {r['layers']} | {r['tensors']} | {r['params']:,} | {r['worst']:.1e}{flag} | "
