@@ -12,7 +12,7 @@ resnet50, video.r3d_18 (3x1x112x112), squeezenet1_0, vgg16, vgg19, vit_b_16; `to
 torchtext's ROBERTA_BASE_ENCODER and XLMR_BASE_ENCODER (torchtext is not installable beside torch
 2.13) transformers' RobertaModel / XLMRobertaModel at the same sizes (12 layers, 768 wide, vocabularies
 50265 / 250002, no pooler) on OLLA's input "Hello world": 4 tokens. All built on the "meta" device
-(no weights; BatchNorm statistics made real, zeros and ones), in train mode.
+(no weights; BatchNorm statistics exported as zeros and ones), in train mode.
 
 Per model and batch: the module is exported by `roam_cli.frontend.torch_export` (weights never
 written), `roam make-training-graph --loss L --in-graph-optimizer` builds the full AdamW step with
@@ -121,12 +121,12 @@ def build(name: str, batch: int):
     return module.train(), (image,), "cross-entropy"
 
 
-def real_buffers(module: torch.nn.Module) -> None:
-    """Running statistics made real (variances 1, the rest 0): the export embeds buffers' values."""
-    for sub in module.modules():
-        for key, b in sub._buffers.items():
-            if b is not None and b.is_meta:
-                sub._buffers[key] = (torch.ones if key == "running_var" else torch.zeros)(b.shape, dtype=b.dtype)
+def fill_buffers(module: torch.nn.Module) -> None:
+    """The initialiser `torch_export` calls for buffers on "meta" (it looks for transformers'
+    `_init_weights`): running variances 1, every other buffer 0 (means, counters)."""
+    for key, b in module._buffers.items():
+        if b is not None:
+            b.fill_(1 if key == "running_var" else 0)
 
 
 def roam(*args: str, timeout: float) -> str:
@@ -139,7 +139,8 @@ def roam(*args: str, timeout: float) -> str:
 
 def planned(name: str, batch: int, folder: Path, timeout: float) -> tuple[dict, float]:
     module, args, loss = build(name, batch)
-    real_buffers(module)
+    if not hasattr(module, "_init_weights"):
+        module._init_weights = fill_buffers
     inputs = [f"input_{k}" for k in range(len(args))]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
