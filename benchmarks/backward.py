@@ -4,6 +4,7 @@ and planned memory, one row per model.
 
     python benchmarks/backward.py                          # tests/fixtures/{tiny_gpt2,tiny_bert,tiny_resnet}
     python benchmarks/backward.py model.onnx:cross-entropy other.onnx:none
+    python benchmarks/backward.py --suite /work/suite_cache --only gpt2_small,resnet50
 
 Both full steps (AdamW in the graph) of the export as it is (Dropout on) are planned by
 `roam optimize --recompute off`: persistent bytes, arena, and roam's total as a multiple of
@@ -11,7 +12,14 @@ ORT's (issue 19 asks for at most 1). For the gradients, both training graphs are
 with Dropout's ratio set to 0, run on the same random parameters and batch, and each
 parameter's gradient compared (largest difference over the largest magnitude; issue 19 asks
 for 1e-4). The ORT route needs onnxruntime-training and
-torch; without them only roam's columns are printed."""
+torch; without them only roam's columns are printed.
+
+`--suite DIR`: memory only, for each DIR/<model>/ of `benchmarks/suite.py` (forward.onnx with its
+weights never written, and full_step.onnx: ONNX Runtime's artifacts step, fused ops kept): roam's
+full step is built from forward.onnx by `roam make-training-graph --in-graph-optimizer` (the loss
+the suite used: the model's own where forward.onnx's output is `loss`, else cross-entropy), and
+both steps are planned with `roam optimize --recompute off`; also the seconds roam's step took
+to build."""
 
 from __future__ import annotations
 
@@ -21,6 +29,7 @@ import platform
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -86,6 +95,10 @@ def feeds_for(model: onnx.ModelProto, seed: int = 0) -> dict:
 def plan(step: onnx.ModelProto, folder: Path, name: str) -> dict:
     path = folder / f"{name}.onnx"
     onnx.save(step, str(path))
+    return plan_file(path, folder, name)
+
+
+def plan_file(path: Path, folder: Path, name: str) -> dict:
     run = subprocess.run([sys.executable, "-m", "roam_cli", "-q", "optimize", str(path), "-o", str(folder / f"{name}.json"),
                           "--recompute", "off"], capture_output=True, text=True, cwd=ROOT, check=False)
     if run.returncode != 0:
@@ -132,11 +145,45 @@ def row(path: Path, loss: str, folder: Path) -> str:
     return " | ".join(cells)
 
 
+def suite_row(folder: Path, scratch: Path) -> str:
+    """roam's full step from the suite's weightless forward.onnx beside ORT's full step, both planned."""
+    name = folder.name
+    forward = onnx.load(str(folder / "forward.onnx"), load_external_data=False)
+    loss = "none" if forward.graph.output[0].name == "loss" else "cross-entropy"
+    del forward
+    step = scratch / f"{name}.roam.onnx"
+    t = time.time()
+    run = subprocess.run([sys.executable, "-m", "roam_cli", "-q", "make-training-graph", str(folder / "forward.onnx"),
+                          "-o", str(step), "--loss", loss, "--in-graph-optimizer"], capture_output=True, text=True,
+                         cwd=ROOT, check=False)
+    seconds = time.time() - t
+    if run.returncode != 0:
+        return f"| {name} | roam's step fails: {(run.stderr or run.stdout).strip().splitlines()[-1]} |"
+    ours = plan_file(step, scratch, f"{name}.roam")
+    theirs = plan_file(folder / "full_step.onnx", scratch, f"{name}.ort")
+    total = lambda p: p["persistent_bytes"] + p["arena_bytes"]
+    mib = lambda b: f"{b / 2**20:,.1f}"
+    return (f"| {name} | {loss} | {seconds:.0f} | {mib(ours['persistent_bytes'])} | {mib(ours['arena_bytes'])} | "
+            f"{mib(theirs['persistent_bytes'])} | {mib(theirs['arena_bytes'])} | {total(ours) / total(theirs):.3f} |")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("models", nargs="*", help="MODEL.onnx:LOSS (default: the three test fixtures)")
     ap.add_argument("--keep", type=Path, help="folder to keep the steps and plans in")
+    ap.add_argument("--suite", type=Path, help="a benchmarks/suite.py output folder: memory of each model's steps")
+    ap.add_argument("--only", help="with --suite: comma-separated models")
     args = ap.parse_args()
+    if args.suite:
+        folders = sorted(p.parent for p in args.suite.glob("*/model.json"))
+        folders = [f for f in folders if not args.only or f.name in args.only.split(",")]
+        print(f"machine: {platform.machine()}, {platform.python_version()}; plans with --recompute off; MiB")
+        print("| model | loss | roam step build s | roam persistent | roam arena | ORT persistent | ORT arena | "
+              "roam/ORT total |\n|---|---|---:|---:|---:|---:|---:|---:|")
+        with tempfile.TemporaryDirectory() as scratch:
+            for folder in folders:
+                print(suite_row(folder, args.keep or Path(scratch)), flush=True)
+        return
     models = [(Path(m.rsplit(":", 1)[0]), m.rsplit(":", 1)[1]) for m in args.models] or \
         [(ROOT / "tests" / "fixtures" / name / "forward.onnx", loss) for name, loss in FIXTURES]
     print(f"machine: {platform.machine()}, {platform.python_version()}; plans with --recompute off")

@@ -119,29 +119,52 @@ def size_label(spec: suite.Model) -> str:
 
 def measure(spec: suite.Model, checkpointing: bool) -> dict:
     """One model, one variant: {'ok': False, 'reason': ...} or the figures of the second step."""
+    wrapper, meta_args, _inputs, _outputs, loss_kind = suite.build(spec)  # on "meta", as the suite exports
+    hf_model = wrapper.m
+
+    def prepare() -> dict | None:
+        if not checkpointing:
+            return None
+        if not getattr(hf_model, "supports_gradient_checkpointing", False):
+            return dict(ok=False, reason=f"{type(hf_model).__name__}.supports_gradient_checkpointing "
+                                         "is False (transformers has no checkpointing for this family)")
+        hf_model.gradient_checkpointing_enable()
+        if not hf_model.is_gradient_checkpointing:
+            return dict(ok=False, reason="gradient_checkpointing_enable() did not enable it")
+        return None
+
+    return step_memory(wrapper, meta_args, loss_kind, spec.batch, prepare)
+
+
+def step_memory(wrapper: torch.nn.Module, meta_args: tuple, loss_kind: str, batch: int, prepare=lambda: None) -> dict:
+    """The figures of the second AdamW training step of `wrapper(*meta_args)` (module and inputs on
+    "meta"), under FakeTensorMode: loss "cross-entropy" (class labels, `batch` of them, against the
+    output), "mse" (a target of the output's shape) or "none" (the output is the loss). `prepare()`
+    runs first under the mode; what it returns other than None is returned instead (a refusal)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
 
     t0 = time.time()
-    wrapper, meta_args, _inputs, _outputs, loss_kind = suite.build(spec)  # on "meta", as the suite exports
-    hf_model = wrapper.m
     with FakeTensorMode():
         materialize(wrapper)
         args = tuple(torch.empty(a.shape, dtype=a.dtype) for a in meta_args)
-        if checkpointing:
-            if not getattr(hf_model, "supports_gradient_checkpointing", False):
-                return dict(ok=False, reason=f"{type(hf_model).__name__}.supports_gradient_checkpointing "
-                                             "is False (transformers has no checkpointing for this family)")
-            hf_model.gradient_checkpointing_enable()
-            if not hf_model.is_gradient_checkpointing:
-                return dict(ok=False, reason="gradient_checkpointing_enable() did not enable it")
+        refused = prepare()
+        if refused is not None:
+            return refused
         if loss_kind == "cross-entropy":  # what make-training-graph --loss cross-entropy adds to the logits
-            labels = torch.empty(spec.batch, dtype=torch.int64)  # class indices
+            labels = torch.empty(batch, dtype=torch.int64)  # class indices
 
             def loss_fn():
                 return torch.nn.functional.cross_entropy(wrapper(*args), labels)
             extra_inputs = (labels,)
+        elif loss_kind == "mse":  # make-training-graph --loss mse: a target of the output's shape
+            with torch.no_grad():
+                target = torch.empty_like(wrapper(*args))
+
+            def loss_fn():
+                return torch.nn.functional.mse_loss(wrapper(*args), target)
+            extra_inputs = (target,)
         else:  # the model's own loss (LanguageModelLoss)
             def loss_fn():
                 return wrapper(*args)

@@ -834,6 +834,9 @@ def lower(obj, model, out_path, as_json):
               help="Optimizer graph to write [default: OUTPUT with .optimizer.onnx].")
 @click.option("--checkpoint", "checkpoint_path", type=click.Path(path_type=Path),
               help="Also write the ONNX Runtime checkpoint (the only output that reads the weights).")
+@click.option("--dim", "dims", multiple=True, metavar="NAME=N",
+              help="Bind a symbolic input dimension before differentiating (repeatable; roam's backward needs "
+                   "static shapes).")
 @click.option("--backend", type=click.Choice(["roam", "ort-artifacts"]), default="roam", show_default=True,
               help="Who builds the backward: roam (standard ONNX, no torch) or ONNX Runtime's training artifacts.")
 @click.option("--fused", is_flag=True,
@@ -841,7 +844,7 @@ def lower(obj, model, out_path, as_json):
                    "onnxruntime-training only) instead of writing standard ONNX.")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
-                        optimizer_path, checkpoint_path, backend, fused):
+                        optimizer_path, checkpoint_path, dims, backend, fused):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
@@ -856,6 +859,7 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
       roam make-training-graph model.onnx -o step.onnx --loss none --in-graph-optimizer
       roam make-training-graph training_model.onnx -o step.onnx --in-graph-optimizer --optimizer sgd
       roam make-training-graph model.onnx -o train.onnx --loss none --trainable 'val_*' --json
+      roam make-training-graph model.onnx -o step.onnx --loss cross-entropy --dim batch=8 --dim seq=128
     """
     if optimizer_path is None:
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
@@ -864,7 +868,7 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), trainable=split_names(trainable), optimizer=optimizer,
                                in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
-                               backward=step.build if backend == "roam" else training_graph.build, fused=fused)
+                               dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused)
     if as_json:
         names = made.survey.names() if made.survey is not None else {}
         click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],

@@ -107,6 +107,8 @@ CASES = [
     ("Gather-axis0", [n("Gather", ["a", "i"])], {"a": f64(4, 3)}, "a", {"i": i64(0, 2, 2, 3).reshape(2, 2)}),
     ("Gather-axis1", [n("Gather", ["a", "i"], axis=1)], {"a": f64(2, 4, 3)}, "a", {"i": i64(3, 0, 3)}),
     ("Gather-scalar", [n("Gather", ["a", "i"])], {"a": f64(4, 3)}, "a", {"i": np.array(2, np.int64)}),
+    ("Gather-scalar-negative-axis1", [n("Gather", ["a", "i"], axis=-2)], {"a": f64(2, 4, 3)}, "a",
+     {"i": np.array(-3, np.int64)}),
     ("GatherElements", [n("GatherElements", ["a", "i"], axis=1)], {"a": f64(2, 3)}, "a",
      {"i": i64(0, 0, 2, 1, 1, 0).reshape(2, 3)}),
     ("GatherND", [n("GatherND", ["a", "i"])], {"a": f64(3, 2, 2)}, "a", {"i": i64(0, 1, 0, 1, 2, 0).reshape(3, 2)}),
@@ -198,3 +200,24 @@ def test_dropout_in_training_mode_passes_dy_through_the_mask_scaled():
     dx, mask = session(lower_model(g)).run([grads["a"], "y.mask"], {"a": x})
     assert 0 < mask.sum() < mask.size
     np.testing.assert_allclose(dx, numpy_helper.to_array(r) * mask / 0.75, rtol=1e-6)
+
+
+def test_a_select_read_by_a_gemm_has_its_gradient_laid_out_right_with_onnxruntimes_fusions_on():
+    """ViT's classifier token: x[:, 0] (Gather, scalar index, axis 1) into a Gemm. With ONNX
+    Runtime's graph optimizations on, an identity Transpose between the Gemm's gradient and a
+    scatter was fused as a real one (a [3, 2] update for [2, 3]: the session failed). dx is dy @ w
+    at position 0 of axis 1, zero elsewhere."""
+    import onnxruntime as ort
+
+    x, w = f32(2, 4, 3), f32(5, 3)
+    nodes = [n("Gather", ["a", "i"], ["s"], axis=1), n("Gemm", ["s", "w"], transB=1)]
+    m = weighted_loss(nodes, {"a": x}, {"i": np.array(0, np.int64), "w": w}, 20)
+    g, grads = gradient_model(m, ["a"], "loss")
+    r = numpy_helper.to_array(next(t for t in g.graph.initializer if t.name == "loss.r"))
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    s = ort.InferenceSession(lower_model(g).SerializeToString(), so, providers=["CPUExecutionProvider"])
+    (dx,) = s.run([grads["a"]], {"a": x})
+    expected = np.zeros_like(x)
+    expected[:, 0] = r @ w
+    np.testing.assert_allclose(dx, expected, rtol=1e-5, atol=1e-6)

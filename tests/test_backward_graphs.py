@@ -234,7 +234,24 @@ def test_a_symbolic_dimension_is_refused(tmp_path):
     m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
               {"fc.weight": np.ones((3, 4), np.float32)})
     err = refused(tmp_path, m, "--loss", "mse")
-    assert "static shapes" in err and "'batch'" in err and "--dim" not in err
+    assert "static shapes" in err and "'batch'" in err and "--dim batch=N" in err
+
+
+def test_dim_binds_a_symbolic_dimension_before_differentiating(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
+              {"fc.weight": np.ones((3, 4), np.float32)})
+    out = tmp_path / "t.onnx"
+    r = roam("make-training-graph", save(m, tmp_path / "m.onnx"), "-o", out, "--loss", "mse", "--dim", "batch=5")
+    assert r.code == 0, r.err
+    shapes = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in onnx.load(str(out)).graph.input}
+    assert shapes["x"] == [5, 3] and shapes["target"] == [5, 4]
+
+
+def test_dim_naming_no_input_dimension_is_refused(tmp_path):
+    m = model([node("MatMul", ["x", "fc.weight"], ["y"])], [("x", ["batch", 3])], [("y", ["batch", 4])],
+              {"fc.weight": np.ones((3, 4), np.float32)})
+    err = refused(tmp_path, m, "--loss", "mse", "--dim", "btach=5")
+    assert "--dim btach" in err and "batch" in err
 
 
 def test_cross_entropy_refuses_labels_that_do_not_fit_the_logits(tmp_path):
@@ -374,3 +391,27 @@ def test_a_parameter_reaching_the_loss_only_through_a_shape_needs_no_rule():
               [("x", [2, 3]), ("p.w", [2, 3])], [("loss", [])])
     _, grads = gradient_model(m, ["p.w"], "loss")
     assert grads == {"p.w": "p.w_grad"}
+
+
+def test_a_constant_mask_sliced_to_the_sequence_is_kept_as_the_slice():
+    """GPT-2's causal mask: a [4, 4] bool buffer sliced to [2, 2] before a Where. The step keeps the
+    slice (folded), not the buffer, and the gradient is still dy where the mask holds, 0 elsewhere."""
+    mask = np.tril(np.ones((4, 4), bool))
+    m = model([node("Slice", ["causal", "zeros", "twos"], ["visible"]),
+               node("Where", ["visible", "x", "zero"], ["h"]), node("Mul", ["h", "fc.weight"], ["y"])],
+              [("x", [2, 2])], [("y", [2, 2])],
+              {"causal": mask, "zeros": np.array([0, 0]), "twos": np.array([2, 2]),
+               "zero": np.array(0.0, np.float32), "fc.weight": np.full((2, 2), 3.0, np.float32)})
+    step, _ = training_model(m, ["fc.weight", "x"], [], "none")
+    kept = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    assert "causal" not in kept and kept["visible"].tolist() == [[True, False], [True, True]]
+    assert not any(n.op_type == "Slice" for n in step.graph.node)
+    x = np.arange(1.0, 5.0, dtype=np.float32).reshape(2, 2)
+    step.graph.output.extend(helper.make_empty_tensor_value_info(g) for g in ("x_grad", "fc.weight_grad"))
+    s = ort.InferenceSession(lower_model(step).SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {"x": x, "fc.weight": np.full((2, 2), 3.0, np.float32), "lazy_reset_grad": np.ones(1, bool),
+             "x_grad.accumulation.buffer": np.zeros((2, 2), np.float32),
+             "fc.weight_grad.accumulation.buffer": np.zeros((2, 2), np.float32)}
+    wanted = {i.name for i in s.get_inputs()}
+    dx, dw = s.run(["x_grad", "fc.weight_grad"], {k: v for k, v in feeds.items() if k in wanted})
+    assert dx.tolist() == [[3.0, 0.0], [3.0, 3.0]] and dw.tolist() == [[1.0, 0.0], [3.0, 4.0]]

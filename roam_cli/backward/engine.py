@@ -65,12 +65,12 @@ def on_path(g: onnx.GraphProto, wrt: set[str], loss: str, tape: Tape) -> tuple[s
 
 
 def static_types(model: onnx.ModelProto) -> dict:
-    """name -> (dtype, shape) of every tensor whose shape is known; a symbolic input is refused."""
+    """name -> (dtype, shape) of every tensor whose shape is known; a symbolic input is refused
+    (make-training-graph's --dim binds it first)."""
     try:
         return shapes.infer(model, {}, None)
-    except RoamError as e:  # an unbound symbolic dimension: its name and input, without the --dim advice
-        raise RoamError(f"the backward needs static shapes: {str(e).split(': pass')[0]}; export with fixed "
-                        "input shapes") from None
+    except RoamError as e:  # an unbound symbolic dimension: its name, its input and the --dim that binds it
+        raise RoamError(f"the backward needs static shapes: {e}") from None
 
 
 def differentiate(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[list[onnx.NodeProto], Tape, dict]:

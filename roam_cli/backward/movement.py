@@ -81,6 +81,18 @@ def pad(g):
 
 
 def gather(g):
+    """A constant scalar index (x[:, i], torch's select) is dy padded back into place: no zeros to
+    scatter into, and no identity Transpose (onnxruntime 1.19 fuses one after a Gemm as a real
+    transpose: ViT's classifier token got its gradient laid out [768, batch])."""
+    index = g.ctx.constant_value(g.input(1))
+    if index is not None and index.ndim == 0:
+        shape = g.shape(g.input(0))
+        axis = g.attr("axis", 0) % len(shape)
+        at = int(index) % shape[axis]
+        pads = [0] * (2 * len(shape))
+        pads[axis], pads[len(shape) + axis] = at, shape[axis] - 1 - at
+        g.give(0, g.op("Pad", g.op("Unsqueeze", g.dy(), g.axes(axis)), g.axes(*pads)))
+        return
     g.fused(grads.gather_grad, "GatherGrad", [g.axes(*g.shape(g.input(0))), g.input(1), g.dy()], [0])
 
 

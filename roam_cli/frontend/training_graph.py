@@ -328,15 +328,15 @@ class Made:
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), trainable: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
-         optimizer_path: Path | None = None, checkpoint_path: Path | None = None, backward=build,
-         fused: bool = False) -> Made:
+         optimizer_path: Path | None = None, checkpoint_path: Path | None = None, dims: dict[str, int] | None = None,
+         backward=build, fused: bool = False) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
     in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
     `backward` builds the training graph: `build` (ONNX Runtime's artifacts) or roam's own
     (`roam_cli.backward.step.build`: standard ONNX, no optimizer graph). An input that already is
     an artifacts training graph can only become a full step; that path needs neither torch nor
-    onnxruntime.training."""
+    onnxruntime.training. `dims` binds symbolic input dimensions (`--dim`) before anything else."""
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
     from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
@@ -346,6 +346,10 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     for i, path in enumerate(outputs):
         check_output_path(path, [infer_path] + outputs[:i])
     model, _ = load_model(infer_path)
+    if dims:
+        from roam_cli.frontend.shapes import bind_dims
+
+        bind_dims(model, dims)
     written: list[tuple[Path, str, int]] = []
 
     def write(*graphs: tuple[Path, str, onnx.ModelProto]) -> None:

@@ -1,0 +1,193 @@
+#!/usr/bin/env python3
+"""MODeL's benchmark list through roam's backward: planned peak beside PyTorch eager's, batch 1 and 32.
+
+    PYTHONPATH=.:/work/venvs/h19-tv /work/venvs/exporters/bin/python benchmarks/model_zoo.py
+    PYTHONPATH=.:/work/venvs/h19-tv /work/venvs/exporters/bin/python benchmarks/model_zoo.py --only alexnet --batch 1
+
+The models and inputs of facebookresearch/OLLA's benchmarks.py (the "train" rows of its
+benchmarks.sh): torchvision's alexnet, efficientnet_b0, googlenet and inception_v3 (their auxiliary
+outputs concatenated to the logits, as OLLA's wrappers do), mnasnet0_5, mobilenet_v2, resnet18,
+resnet50, video.r3d_18 (3x1x112x112), squeezenet1_0, vgg16, vgg19, vit_b_16; `torch.nn.Transformer`
+(nhead 1, one encoder and one decoder layer, source 10 and target 20 positions of 512); and for
+torchtext's ROBERTA_BASE_ENCODER and XLMR_BASE_ENCODER (torchtext is not installable beside torch
+2.13) transformers' RobertaModel / XLMRobertaModel at the same sizes (12 layers, 768 wide, vocabularies
+50265 / 250002, no pooler) on OLLA's input "Hello world": 4 tokens. All built on the "meta" device
+(no weights; BatchNorm statistics exported as zeros and ones), in train mode.
+
+Per model and batch: the module is exported by `roam_cli.frontend.torch_export` (weights never
+written), `roam make-training-graph --loss L --in-graph-optimizer` builds the full AdamW step with
+roam's backward (L: cross-entropy for the classifiers, mse for the encoders' hidden states and the
+Transformer's output), `roam optimize --recompute off` plans it: the planned peak is persistent +
+arena bytes. PyTorch eager's peak is `pytorch_memory.step_memory` (MemTracker around the second
+AdamW step under FakeTensorMode, the same loss). A step that fails prints its one-line reason.
+
+torchvision 0.28.0 (the release for torch 2.13) is on the package index only as a CUDA build, whose
+C extension does not load beside the CPU torch: `import torchvision` then fails registering its
+meta kernels (`operator torchvision::nms does not exist`). The model definitions are plain Python:
+here they are imported with the package's `__init__` skipped (install the wheel with `pip install
+--no-deps --target DIR` and put DIR on PYTHONPATH)."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import logging
+import subprocess
+import sys
+import tempfile
+import time
+import types
+import warnings
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+from pytorch_memory import step_memory  # noqa: E402
+
+from roam_cli.core.fileio import write_atomic  # noqa: E402
+from roam_cli.frontend import torch_export  # noqa: E402
+
+MIB = 2**20
+MODELS = ("alexnet", "bert", "efficientnet", "googlenet", "inception", "mnasnet", "mobilenet", "resnet", "resnet50",
+          "resnet3d", "squeezenet", "transformer", "vgg16", "vgg19", "vit", "xlmr")
+TOKENS = 4  # "Hello world" through the RoBERTa / XLM-R transforms: <s> Hello world </s>
+
+
+def torchvision_models():
+    """torchvision.models without torchvision/__init__ (which fails on a CUDA build beside CPU torch)."""
+    if "torchvision" not in sys.modules:
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None:
+            raise RuntimeError("torchvision is not installed")
+        package = types.ModuleType("torchvision")
+        package.__path__, package.__spec__ = list(spec.submodule_search_locations), spec
+        sys.modules["torchvision"] = package
+    import torchvision.models
+    import torchvision.models.video  # noqa: F401
+    return torchvision.models
+
+
+class Concatenated(torch.nn.Module):
+    """OLLA's GoogLeNet / Inception wrapper: in train mode the logits and auxiliary logits, concatenated."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x):
+        out = self.model(x)
+        parts = [out.logits, out.aux_logits] if hasattr(out, "aux_logits") else [out[0], out[1], out[2]]
+        return torch.cat(parts, dim=-1)
+
+
+class Encoder(torch.nn.Module):
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, ids):
+        return self.model(input_ids=ids).last_hidden_state
+
+
+def build(name: str, batch: int):
+    """(module in train mode on "meta", its example inputs on "meta", --loss)."""
+    image = torch.empty(batch, 3, 224, 224, device="meta")
+    with torch.device("meta"):
+        if name in ("bert", "xlmr"):
+            import transformers as hf
+
+            cls = hf.RobertaModel if name == "bert" else hf.XLMRobertaModel
+            config = (hf.RobertaConfig() if name == "bert" else hf.XLMRobertaConfig(vocab_size=250002))
+            module = Encoder(cls(config, add_pooling_layer=False))
+            return module.train(), (torch.zeros(batch, TOKENS, dtype=torch.int64, device="meta"),), "mse"
+        if name == "transformer":
+            module = torch.nn.Transformer(nhead=1, num_encoder_layers=1, num_decoder_layers=1)
+            return module.train(), (torch.empty(10, batch, 512, device="meta"),
+                                    torch.empty(20, batch, 512, device="meta")), "mse"
+        tv = torchvision_models()
+        module = {"alexnet": tv.alexnet, "efficientnet": tv.efficientnet_b0, "mnasnet": tv.mnasnet0_5,
+                  "mobilenet": tv.mobilenet_v2, "resnet": tv.resnet18, "resnet50": tv.resnet50,
+                  "squeezenet": tv.squeezenet1_0, "vgg16": tv.vgg16, "vgg19": tv.vgg19, "vit": tv.vit_b_16,
+                  "resnet3d": tv.video.r3d_18, "googlenet": lambda: Concatenated(tv.googlenet(init_weights=False)),
+                  "inception": lambda: Concatenated(tv.inception_v3(init_weights=False))}[name]()
+    if name == "resnet3d":
+        image = torch.empty(batch, 3, 1, 112, 112, device="meta")
+    elif name == "inception":
+        image = torch.empty(max(batch, 2), 3, 299, 299, device="meta")  # OLLA: batch >= 2 when training
+    return module.train(), (image,), "cross-entropy"
+
+
+def fill_buffers(module: torch.nn.Module) -> None:
+    """The initialiser `torch_export` calls for buffers on "meta" (it looks for transformers'
+    `_init_weights`): running variances 1, every other buffer 0 (means, counters)."""
+    for key, b in module._buffers.items():
+        if b is not None:
+            b.fill_(1 if key == "running_var" else 0)
+
+
+def roam(*args: str, timeout: float) -> str:
+    run = subprocess.run([sys.executable, "-m", "roam_cli", "-q", *args], capture_output=True, text=True, cwd=ROOT,
+                         timeout=timeout, check=False)
+    if run.returncode != 0:
+        raise RuntimeError(f"roam {args[0]}: {(run.stderr or run.stdout).strip().splitlines()[-1]}")
+    return run.stdout
+
+
+def planned(name: str, batch: int, folder: Path, timeout: float) -> tuple[dict, float]:
+    module, args, loss = build(name, batch)
+    if not hasattr(module, "_init_weights"):
+        module._init_weights = fill_buffers
+    inputs = [f"input_{k}" for k in range(len(args))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        exported = torch_export.export(module, args, inputs, ["output"])
+    forward, step, plan = folder / "forward.onnx", folder / "step.onnx", folder / "plan.json"
+    write_atomic(forward, exported.model.SerializeToString())
+    t = time.time()
+    roam("make-training-graph", str(forward), "-o", str(step), "--loss", loss, "--in-graph-optimizer", timeout=timeout)
+    build_s = time.time() - t
+    roam("optimize", str(step), "-o", str(plan), "--recompute", "off", timeout=timeout)
+    return json.loads(plan.read_text()), build_s
+
+
+def row(name: str, batch: int, timeout: float) -> str:
+    cells = [name, str(batch)]
+    try:
+        with tempfile.TemporaryDirectory() as scratch:
+            plan, build_s = planned(name, batch, Path(scratch), timeout)
+        ours = plan["persistent_bytes"] + plan["arena_bytes"]
+        cells += [f"{ours / MIB:,.1f}", f"{build_s:.0f}"]
+    except Exception as e:  # noqa: BLE001  (the row says why)
+        reason = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
+        return " | ".join(cells + [f"fails: {type(e).__name__}: {reason[:200]}", "-", "-", "-"])
+    try:
+        module, args, loss = build(name, batch)
+        eager = step_memory(module, args, loss, batch)["peak"]["Total"]
+        cells += [f"{eager / MIB:,.1f}", f"{ours / eager:.3f}"]
+    except Exception as e:  # noqa: BLE001
+        cells += [f"eager fails: {type(e).__name__}: {str(e).strip().splitlines()[0][:120]}", "-"]
+    return " | ".join(cells)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default=",".join(MODELS))
+    ap.add_argument("--batch", default="1,32")
+    ap.add_argument("--timeout", type=float, default=300, help="seconds for each roam command")
+    args = ap.parse_args()
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(1)
+    print("model | batch | roam planned peak MiB (--recompute off) | roam step build s | PyTorch eager peak MiB | "
+          "roam / eager")
+    for name in args.only.split(","):
+        for batch in map(int, args.batch.split(",")):
+            print(row(name, batch, args.timeout), flush=True)
+
+
+if __name__ == "__main__":
+    main()
