@@ -30,7 +30,7 @@ ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
 WEIGHTS = [(3.0, 1.0, 0.0), (4.0, 1.0, 0.0), (2.0, 1.0, 0.0), (3.0, 0.5, 0.0), (6.0, 1.0, 0.0), (1.0, 1.0, 0.0)]
 STEP_CAP = 4  # a replay longer than this many times the node count is thrashing: given up
 NOISE = 0.3  # relative random perturbation of the eviction score in the random replays
-REDO_REACH = 8  # a recomputation needing more dropped values than this counts as unaffordable
+REDO_REACH = 100  # a recomputation needing more dropped values than this counts as unaffordable
 STALE_SECONDS = 5.0
 
 
@@ -72,18 +72,22 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
     a, b, noise = weights
 
     def redo(x: int) -> float:
-        """Compute to get x back: x and every dropped value it needs, recursively (DTR's evicted
-        neighbourhood); past REDO_REACH values it counts as unaffordable."""
+        """Compute to get x back at its next read: x and, recursively, every input that will not
+        be held by then (dropped already, or read last before that step); DTR's evicted
+        neighbourhood (Kirisame et al. 2021) looked at from the read. Past REDO_REACH values it
+        counts as unaffordable."""
+        then = pos[readers[x][nxt[x]]]
         seen, todo, total = {x}, [x], 0
         while todo:
             y = todo.pop()
             total += cpu[y]
             for p in preds[y]:
-                if p not in live and p not in seen:
-                    if len(seen) >= REDO_REACH:
-                        return float("inf")
-                    seen.add(p)
-                    todo.append(p)
+                if p in seen or (p in live and left[p] and pos[readers[p][-1]] >= then):
+                    continue
+                if len(seen) >= REDO_REACH:
+                    return float("inf")
+                seen.add(p)
+                todo.append(p)
         return total + 1
 
     def score(x: int) -> tuple[int, float]:
