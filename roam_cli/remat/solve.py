@@ -30,7 +30,7 @@ ORDER_SHARE = 0.3  # of the time limit, for the ordering without recomputation
 WEIGHTS = [(3.0, 1.0, 0.0), (4.0, 1.0, 0.0), (2.0, 1.0, 0.0), (3.0, 0.5, 0.0), (6.0, 1.0, 0.0), (1.0, 1.0, 0.0)]
 STEP_CAP = 4  # a replay longer than this many times the node count is thrashing: given up
 NOISE = 0.3  # relative random perturbation of the eviction score in the random replays
-REDO_REACH = 8  # a recomputation needing more dropped values than this counts as unaffordable
+REDO_REACH = 100  # a recomputation needing more dropped values than this counts as unaffordable
 STALE_SECONDS = 5.0
 
 
@@ -45,8 +45,9 @@ class Result:
 
 
 class Overflow(Exception):
-    """The replay reached a step that cannot fit (everything it could drop is already dropped), or
-    spent more compute than `limit` (a better schedule is known, or it thrashes)."""
+    """The replay reached a step that cannot fit (everything it could drop is already dropped),
+    spent more compute than `limit` (a better schedule is known, or it thrashes), or ran out of
+    time."""
 
 
 def problem_of(graph: Graph) -> Problem:
@@ -55,9 +56,9 @@ def problem_of(graph: Graph) -> Problem:
 
 
 def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, float, float],
-           rng: random.Random | None, limit: int, protected: frozenset = frozenset()) -> list[int]:
+           rng: random.Random | None, limit: int, deadline: float, protected: frozenset = frozenset()) -> list[int]:
     """The schedule of `order` under `budget`, recomputing dropped values where read; Overflow if
-    a step cannot fit or the compute reaches `limit`. weights = (exponent of the value's recompute
+    a step cannot fit, the compute reaches `limit` or the time `deadline`. weights = (exponent of the value's recompute
     time, of the distance to its next read, noise). `protected` values are dropped last."""
     succs, preds, ram, cpu = graph.succs, graph.preds, graph.ram, graph.cpu
     pos = {v: i for i, v in enumerate(order)}
@@ -71,29 +72,46 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
     now = 0
     a, b, noise = weights
 
-    def redo(x: int) -> float:
-        """Compute to get x back: x and every dropped value it needs, recursively (DTR's evicted
-        neighbourhood); past REDO_REACH values it counts as unaffordable."""
-        seen, todo, total = {x}, [x], 0
+    def redo(x: int, cap: float) -> float:
+        """Compute to get x back at its next read: x and, recursively, every input that will not
+        be held by then (dropped already, or read last before that step); DTR's evicted
+        neighbourhood (Kirisame et al. 2021) looked at from the read. Past REDO_REACH values, or
+        past `cap`, it counts as unaffordable."""
+        then = pos[readers[x][nxt[x]]]
+        seen, todo, total = {x}, [x], 1
         while todo:
             y = todo.pop()
             total += cpu[y]
+            if total > cap:
+                return float("inf")
             for p in preds[y]:
-                if p not in live and p not in seen:
-                    if len(seen) >= REDO_REACH:
-                        return float("inf")
-                    seen.add(p)
-                    todo.append(p)
-        return total + 1
+                if p in seen or (p in live and left[p] and pos[readers[p][-1]] >= then):
+                    continue
+                if len(seen) >= REDO_REACH:
+                    return float("inf")
+                seen.add(p)
+                todo.append(p)
+        return total
 
-    def score(x: int) -> tuple[int, float]:
-        """Lowest goes first: values no later node of the order reads (a cache for recomputations,
-        free to drop), then the cheapest loss, then the protected values."""
-        if left[x] == 0:
-            return 0, -ram[x]
-        distance = pos[readers[x][nxt[x]]] - now
-        s = redo(x) ** a / (ram[x] + 1) / distance ** b
-        return 2 if x in protected else 1, s * (1 + noise * rng.random()) if rng else s
+    def victim(candidates: list[int]) -> int:
+        """The value to drop: one no later node of the order reads (a cache for recomputations,
+        free to drop), the largest; else the cheapest loss, redo^a / bytes / distance^b, among
+        the unprotected values if any. Candidates are tried by a lower bound of their score
+        (redo >= their own time), and a redo stops once it cannot win."""
+        cached = [x for x in candidates if left[x] == 0]
+        if cached:
+            return max(cached, key=ram.__getitem__)
+        pool = [x for x in candidates if x not in protected] or candidates
+        weight = {x: (1 + noise * rng.random() if rng else 1) / (ram[x] + 1) / (pos[readers[x][nxt[x]]] - now) ** b
+                  for x in pool}
+        best, least = pool[0], float("inf")
+        for x in sorted(pool, key=lambda x: (cpu[x] + 1) ** a * weight[x]):
+            if (cpu[x] + 1) ** a * weight[x] >= least:
+                break
+            s = redo(x, (least / weight[x]) ** (1 / a) if a else float("inf")) ** a * weight[x]
+            if s < least:
+                best, least = x, s
+        return best
 
     def drop(x: int) -> None:
         nonlocal live_bytes
@@ -110,9 +128,9 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
             victims = [x for x in live if x not in keep]
             if not victims:
                 raise Overflow
-            drop(min(victims, key=score))
+            drop(victim(victims))
         spent += cpu[v]
-        if spent >= limit or len(schedule) > STEP_CAP * graph.n:
+        if spent >= limit or len(schedule) > STEP_CAP * graph.n or time.perf_counter() > deadline:
             raise Overflow
         schedule.append(v)
         live.add(v)
@@ -134,23 +152,31 @@ def replay(graph: Graph, order: list[int], budget: int, weights: tuple[float, fl
 def trim(graph: Graph, schedule: list[int], budget: int, deadline: float) -> list[int]:
     """`schedule` without the recomputations it can do without: each repeated run, the costliest
     first, is removed when every read still finds its value and the peak stays within `budget`
-    (the replay drops greedily, and a later drop can make an earlier recomputation needless)."""
-    while time.perf_counter() < deadline:
+    (the replay drops greedily, and a later drop can make an earlier recomputation needless).
+    Passes over the repeated runs until one removes nothing."""
+    removed = True
+    while removed:
+        removed = False
         runs: dict[int, int] = {}
         for v in schedule:
             runs[v] = runs.get(v, 0) + 1
+        kept = [True] * len(schedule)
         for step in sorted((j for j, v in enumerate(schedule) if runs[v] > 1), key=lambda j: -graph.cpu[schedule[j]]):
             if time.perf_counter() > deadline:
-                return schedule
-            candidate = schedule[:step] + schedule[step + 1:]
-            try:
-                if cost(graph, candidate)[0] <= budget:
-                    schedule = candidate
-                    break
-            except ValueError:
+                break
+            if runs[schedule[step]] == 1:
                 continue
-        else:
-            return schedule
+            kept[step] = False
+            try:
+                fits = cost(graph, [v for j, v in enumerate(schedule) if kept[j]])[0] <= budget
+            except ValueError:
+                fits = False
+            if fits:
+                runs[schedule[step]] -= 1
+                removed = True
+            else:
+                kept[step] = True
+        schedule = [v for j, v in enumerate(schedule) if kept[j]]
     return schedule
 
 
@@ -187,7 +213,7 @@ def solve(graph: Graph, budget: int, time_limit: float, seed: int = 0) -> Result
         replays += 1
         try:
             limit = best.compute if best is not None else STEP_CAP * baseline + 1
-            schedule = trim(graph, replay(graph, order, budget, weights, rng, limit, protected), budget, deadline)
+            schedule = trim(graph, replay(graph, order, budget, weights, rng, limit, deadline, protected), budget, deadline)
         except Overflow:
             return False
         peak, compute = cost(graph, schedule)
