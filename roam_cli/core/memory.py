@@ -257,9 +257,15 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str
     where ONNX Runtime's planner would in any order: the node is the only reader of the input's
     storage, apart from the views and in-place writers that made the name it reads (they run
     before it), and reads it once. The storage is a node's transient output and holds no graph
-    output; input and output have the same shape and element size. Node order is topological, so
-    a chain (Add -> Relu -> Tanh) joins one storage step by step."""
+    output nor a value ORT folds from constants; input and output have the same shape and element
+    size. Node order is topological, so a chain (Add -> Relu -> Tanh) joins one storage step by
+    step."""
     outputs = set(graph.outputs)
+    # values computed from constants alone: ORT folds them into initializers at the session's start
+    folded = set(graph.constants) | set(graph.initializers)
+    for n in graph.nodes:
+        if n.inputs and all(x in folded for x in n.inputs if x):
+            folded.update(n.outputs)
     members: dict[str, list[str]] = {}  # storage root -> the names in it
     for name in graph.values:
         members.setdefault(root(name), []).append(name)
@@ -273,7 +279,7 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str
             continue
         r = root(x)
         group = members[r]
-        if r not in graph.producer or r in graph.constants or outputs.intersection(group):
+        if r not in graph.producer or r in folded or outputs.intersection(group):
             continue
         if sum(root(y) == r for y in n.inputs) != 1:
             continue
