@@ -63,8 +63,8 @@ def test_tiny_resnet_s_workspace_is_planned_and_trains_in_the_plans_arena(resnet
     assert result["arena"]["workspace_requests"] == 0  # ORT asked for nothing the plan does not place
     for step in result["per_step"][1:]:
         m = step["memory"]
-        # the plan's arena: exactly on onnxruntime 1.19.2, 2 % more on 1.31.1 (a few requests moved:
-        # kernels in place); without the workspace in the plan it was 2.06x
+        # the plan's arena: exactly on onnxruntime 1.19.2 (measured); 1.31.1 held 2 % more before the
+        # memory model knew ORT's in-place kernels, hence the 3 % slack; without the workspace, 2.06x
         assert m["unplanned"] == 0 and plan["arena_bytes"] <= m["bytes_held"] <= 1.03 * plan["arena_bytes"]
         assert m["served_at_plan_offset"] >= 0.9 * m["planned_requests"]
 
