@@ -153,10 +153,7 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                             f"used over {first}..{need_last}")
         if t["last_step"] > last:
             raise Violation(f"{r!r} lives until step {t['last_step']}, past the plan's last step {last}")
-        if t["offset"] % alignment:
-            raise Violation(f"{r!r} offset {t['offset']} is not a multiple of the alignment {alignment}")
-        if t["offset"] + t["bytes"] > arena:
-            raise Violation(f"{r!r} ends at {t['offset'] + t['bytes']}, past the arena ({arena} bytes)")
+        check_placement(repr(r), t["offset"], t["bytes"], alignment, arena)
         placed.append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
 
     scratch = []
@@ -164,10 +161,7 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
         where = f"workspace of {w['node']!r}"
         if step.get(w["node"]) != w["step"]:
             raise Violation(f"{where} is at step {w['step']}, but the node is at step {step.get(w['node'], 'none')}")
-        if w["offset"] % alignment:
-            raise Violation(f"{where} offset {w['offset']} is not a multiple of the alignment {alignment}")
-        if w["offset"] + w["bytes"] > arena:
-            raise Violation(f"{where} ends at {w['offset'] + w['bytes']}, past the arena ({arena} bytes)")
+        check_placement(where, w["offset"], w["bytes"], alignment, arena)
         scratch.append((w["step"], w["step"], w["offset"], w["bytes"], where))
 
     check_overlaps(placed + scratch)
@@ -261,6 +255,13 @@ def standard_replay(dropout: Node, chain: list[Node], initializers: set[str], re
     if not (out.inputs[0] == dropout.outputs[1] and data in (scaled.inputs[0], replaces.get(scaled.inputs[0]))
             and keep.inputs[0] == mode and kept.inputs == (one, ratio) and {one, zero} <= initializers):
         raise Violation(f"the replay of {dropout.name!r} reads other tensors than its input, mask, ratio and mode")
+
+
+def check_placement(what: str, offset: int, size: int, alignment: int, arena: int) -> None:
+    if offset % alignment:
+        raise Violation(f"{what} offset {offset} is not a multiple of the alignment {alignment}")
+    if offset + size > arena:
+        raise Violation(f"{what} ends at {offset + size}, past the arena ({arena} bytes)")
 
 
 def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:
