@@ -148,6 +148,8 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
             need_last = max([need_last] + readers.get(n, []))
             if n in outputs and tensors[n].get("kind") != "inplace":
                 need_last = last
+        if not any(readers.get(n) for n in names_in_group):  # nothing reads it: the runtime frees it at the end
+            need_last = last
         if t["first_step"] > first or t["last_step"] < need_last:
             raise Violation(f"{r!r} lives over steps {t['first_step']}..{t['last_step']} in the plan, but is "
                             f"used over {first}..{need_last}")

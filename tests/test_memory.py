@@ -48,10 +48,34 @@ def test_zero_size_tensor_takes_no_bytes(tmp_path):
     assert plan_of(tmp_path, m)[1].tensor_bytes["y"] == 0
 
 
-def test_unused_output_lives_only_at_its_producer_step(tmp_path):
+def test_unread_output_lives_to_the_last_step(tmp_path):
+    # ONNX Runtime frees a value nothing reads when the run ends, not at its producer's step.
     m = model([node("Split", ["x"], ["p", "q"], num_outputs=2), node("Relu", ["p"], ["r"])],
               [("x", [512])], [("r", [256])])
-    assert plan_of(tmp_path, m)[2]["q"] == (0, 0)
+    assert plan_of(tmp_path, m)[2]["q"] == (0, 1)
+
+
+def test_in_place_kernel_writes_into_an_input_it_reads_last(tmp_path):
+    # a = Add(x, x); s = Softmax(a), a's only reader; t = Relu(s), s's only reader (a chain);
+    # y = Mul(t, x). s and t are written into a's storage: one 1 KiB buffer over steps 0..3.
+    m = model([node("Add", ["x", "x"], ["a"]), node("Softmax", ["a"], ["s"]), node("Relu", ["s"], ["t"]),
+               node("Mul", ["t", "x"], ["y"])], [("x", [256])], [("y", [256])])
+    _, mm, spans = plan_of(tmp_path, m)
+    assert mm.storage_of["s"] == mm.storage_of["t"] == "a"
+    assert mm.kind["s"] == mm.kind["t"] == "inplace"
+    assert spans == {"a": (0, 3), "y": (3, 3)}
+
+
+def test_in_place_kernel_only_where_onnx_runtime_would(tmp_path):
+    # r1 = Relu(a) while Mul still reads a (another reader); r2 = Relu(x) (a graph input);
+    # c = Cast(a2 to int64), unread: 8-byte elements from 4-byte ones; o = Relu(b), o a graph
+    # output. None of them is in place.
+    m = model([node("Add", ["x", "x"], ["a"]), node("Relu", ["a"], ["r1"]), node("Mul", ["a", "r1"], ["m"]),
+               node("Relu", ["x"], ["r2"]), node("Add", ["m", "r2"], ["a2"]), node("Cast", ["a2"], ["c"], to=7),
+               node("Add", ["m", "x"], ["b"]), node("Relu", ["b"], ["o"])],
+              [("x", [256])], [("o", [256])])
+    _, mm, _ = plan_of(tmp_path, m)
+    assert not {"r1", "r2", "c", "o"} & set(mm.alias)
 
 
 def test_views_share_storage_until_the_last_use_of_any_name(tmp_path):

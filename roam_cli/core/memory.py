@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 
 from roam_cli.core.errors import RoamError
-from roam_cli.core.graph import Graph
+from roam_cli.core.graph import Graph, element_size
 
 # Ops whose output 0 is a view of input 0 (ONNX Runtime aliases them; they allocate nothing).
 VIEW_OPS = {("", "Reshape"), ("", "Flatten"), ("", "Squeeze"), ("", "Unsqueeze"), ("", "Identity")}
@@ -26,6 +26,15 @@ INPLACE_OPS = {
     ("com.microsoft", "SGDOptimizer"): [(0, 1), (1, 2)],
     ("com.microsoft", "AdamOptimizer"): [(0, 1), (1, 4), (2, 5), (3, 2), (4, 3)],
 }
+# ONNX Runtime's CPU kernels that may write output 0 into input 0 (their `MayInplace(0, 0)` hint:
+# onnxruntime/core/providers/cpu activation/activations.cc, math/softmax.cc, tensor/cast_op.cc,
+# tensor/scatter.cc; the same in 1.19 and today's). ORT's allocation planner takes the hint when
+# the input's storage has no other use left (this node reads it once, last), the input is not a
+# graph input, initializer or graph output, the output is not a graph output, and both have the
+# same shape and element size. Another execution provider has another table.
+MAY_OVERWRITE = {("", op): (0, 0) for op in (
+    "Elu", "HardSigmoid", "LeakyRelu", "Relu", "Selu", "Sigmoid", "Softplus", "Softsign", "Tanh",
+    "ThresholdedRelu", "Softmax", "LogSoftmax", "Cast", "Scatter", "ScatterElements")}
 ACCUMULATOR_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
 # Which input of an in-place optimizer op holds the weights (the rest of its in-place inputs are
 # optimizer state or gradients).
@@ -153,6 +162,12 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         writes_into.setdefault(graph.producer[r], []).append(state)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
+    overwritten = kernels_in_place(graph, storage_of, root)
+    for out, target in overwritten.items():
+        storage_of[out] = target
+        alias[out] = "inplace"
+    if overwritten:
+        notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
 
     # --- persistent classes -----------------------------------------------------------------
     state_names = list(graph.inputs) + list(graph.initializers) + sorted(graph.constants)
@@ -193,6 +208,9 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         readers.setdefault(r, set()).update(graph.consumers.get(name, ()))
         if name in graph.outputs and name not in pairs:
             to_end.add(r)
+    for r, users in readers.items():  # a storage nothing reads: ONNX Runtime frees it at the end
+        if r in graph.producer and not users - {graph.producer[r]}:
+            to_end.add(r)
     transient_kind = {"forward": "activation", "backward": "gradient", "update": "update_temp",
                       "accumulate": "gradient", "recompute": "activation"}
     storages = []
@@ -232,6 +250,51 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
                        alias, persistent, storages, node_class, extra_deps,
                        [tuple(sorted(p)) for p in preds], notes)
+
+
+def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str, str]:
+    """Output -> input of the kernels that write their output into their input (MAY_OVERWRITE),
+    where ONNX Runtime's planner would in any order: the node is the only reader of the input's
+    storage, apart from the views and in-place writers that made the name it reads (they run
+    before it), and reads it once. The storage is a node's transient output and holds no graph
+    output nor a value ORT folds from constants; input and output have the same shape and element
+    size. Node order is topological, so a chain (Add -> Relu -> Tanh) joins one storage step by
+    step."""
+    outputs = set(graph.outputs)
+    # values computed from constants alone: ORT folds them into initializers at the session's start
+    folded = set(graph.constants) | set(graph.initializers)
+    for n in graph.nodes:
+        if n.inputs and all(x in folded for x in n.inputs if x):
+            folded.update(n.outputs)
+    members: dict[str, list[str]] = {}  # storage root -> the names in it
+    for name in graph.values:
+        members.setdefault(root(name), []).append(name)
+    found: dict[str, str] = {}
+    for i, n in enumerate(graph.nodes):
+        hint = MAY_OVERWRITE.get((n.domain, n.op_type))
+        if hint is None or max(hint) >= min(len(n.inputs), len(n.outputs)):
+            continue
+        out, x = n.outputs[hint[0]], n.inputs[hint[1]]
+        if not out or not x or out in outputs or out in storage_of:
+            continue
+        r = root(x)
+        group = members[r]
+        if r not in graph.producer or r in folded or outputs.intersection(group):
+            continue
+        if sum(root(y) == r for y in n.inputs) != 1:
+            continue
+        chain, name = set(), x  # the nodes that made the name it reads from the storage's root
+        while name in storage_of:
+            chain.add(graph.producer[name])
+            name = storage_of[name]
+        if any(u != i and u not in chain for name in group for u in graph.consumers.get(name, ())):
+            continue
+        a, b = graph.values[x], graph.values[out]
+        if a.shape == b.shape and element_size(a.dtype) == element_size(b.dtype):
+            found[out] = x
+            storage_of[out] = x  # later nodes see the joined storage
+            group.extend(members.pop(out))
+    return found
 
 
 def accumulates(graph: Graph, state: str) -> bool:
