@@ -116,11 +116,13 @@ def test_the_picture_and_the_marks(swept):
                               {"name": "checkpointing", "total_bytes": 300 * 1024, "extra_flops_pct": 25.0}]
 
 
-# --- a real step: the tiny GPT-2 fixture's full step ---------------------------------------------
+# --- a real step: the tiny BERT fixture's full step ----------------------------------------------
+# (Tiny GPT-2's front has 6 points once the memory model writes ONNX Runtime's in-place kernels
+# into their inputs: every further budget gives a plan that one of them dominates, at any time limit.)
 
-def test_the_tiny_gpt2_step_has_a_verified_monotone_front_of_8_points(tmp_path):
+def test_the_tiny_bert_step_has_a_verified_monotone_front_of_8_points(tmp_path):
     step = tmp_path / "step.onnx"
-    r = roam("make-training-graph", ROOT / "tests" / "fixtures" / "tiny_gpt2" / "forward.onnx", "-o", step,
+    r = roam("make-training-graph", ROOT / "tests" / "fixtures" / "tiny_bert" / "forward.onnx", "-o", step,
              "--loss", "none", "--in-graph-optimizer")
     assert r.code == 0, r.err
     r = roam("tradeoff", step, "-o", tmp_path / "front.json", "--points", "8", "--time-limit", "60",
