@@ -415,3 +415,15 @@ def test_a_constant_mask_sliced_to_the_sequence_is_kept_as_the_slice():
     wanted = {i.name for i in s.get_inputs()}
     dx, dw = s.run(["x_grad", "fc.weight_grad"], {k: v for k, v in feeds.items() if k in wanted})
     assert dx.tolist() == [[3.0, 0.0], [3.0, 3.0]] and dw.tolist() == [[1.0, 0.0], [3.0, 4.0]]
+
+
+def test_every_backward_node_feeds_a_gradient():
+    """h = x * W + m with m a broadcast [2, 1] input that needs no gradient: Add's rule may make a
+    part for m (a ReduceSum over dy), which nothing would read and ONNX Runtime would hold to the
+    step's end. The backward keeps only nodes some gradient depends on."""
+    m = model([node("Mul", ["x", "W"], ["h"]), node("Add", ["h", "m"], ["s"]), node("ReduceSum", ["s"], ["loss"], keepdims=0)],
+              [("x", [2, 3]), ("W", [2, 3]), ("m", [2, 1])], [("loss", [])])
+    g, grads = gradient_model(m, ["W"], "loss")
+    read = {x for n in g.graph.node for x in n.input} | {o.name for o in g.graph.output}
+    assert grads == {"W": "W_grad"}
+    assert [n.name for n in g.graph.node if not read & set(n.output)] == []

@@ -109,7 +109,19 @@ def differentiate(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[li
     for p in wrt:
         if p in parts:
             grads[p] = total(p, out=f"{p}_grad")
-    return rename_single_parts(nodes), tape, grads
+    return read_by_a_gradient(rename_single_parts(nodes), set(grads.values())), tape, grads
+
+
+def read_by_a_gradient(nodes: list[onnx.NodeProto], grads: set[str]) -> list[onnx.NodeProto]:
+    """The nodes some gradient depends on. A rule may make a part that no trainable input takes
+    (Add's unbroadcast of the operand that needs none; a part reaching a tensor no rule passes on):
+    left in the graph it would be computed, held to the step's end by ONNX Runtime, and planned."""
+    wanted, kept = set(grads), []
+    for n in reversed(nodes):
+        if any(o in wanted for o in n.output):
+            kept.append(n)
+            wanted.update(n.input)
+    return kept[::-1]
 
 
 def rename_single_parts(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
