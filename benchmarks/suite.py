@@ -79,11 +79,13 @@ MODELS = [
     Model("gpt2_xl", "gpt2", dict(GPT2, n_layer=48, n_embd=1600, n_head=25), batch=1, seq=512),
 ]
 # Built only when named (--only): the LLaMA architecture (RMSNorm, rotary embeddings, SiLU gate,
-# grouped-query attention) at a toy size, which no default suite model has.
+# grouped-query attention) at a toy size, which no default suite model has, and a smaller batch.
 NAMED_ONLY = [
     Model("llama_tiny", "llama", dict(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64),
           batch=2, seq=16, meta=False),  # torch.export fails on its rotary embedding on the meta device
+    # GPT-2 small at batch 1 x 128, where the parameters and AdamW state outweigh the activations
+    Model("gpt2_small_b1s128", "gpt2", dict(GPT2, n_layer=12, n_embd=768, n_head=12), batch=1, seq=128),
 ]
 TINY = [  # the same families at toy sizes: the test fixtures (tests/fixtures/<model>/forward.onnx)
     Model("tiny_gpt2", "gpt2", dict(vocab_size=512, n_positions=64, n_layer=1, n_embd=32, n_head=2,
