@@ -18,7 +18,10 @@ probability 0, no download:
    gradient is compared with PyTorch autograd's for the same loss (`F.cross_entropy`, mean, over
    the logits flattened to [tokens, classes]); the error of a tensor is the norm-based relative
    error ||g_roam - g_torch||_2 / ||g_torch||_2, and the table gives the largest over the
-   parameter tensors and its name. A tensor whose exact gradient is zero (an attention key's bias:
+   parameter tensors and its name. Beside it, both float32 gradients against PyTorch's float64
+   run of the same module and batch (the largest ||g - g64|| / ||g64||): where PyTorch's own
+   float32 gradients are farther than 1e-4 from float64's, no float32 backward can meet the
+   1e-4 target, and the figure that says whether roam's is right is its distance to float64. A tensor whose exact gradient is zero (an attention key's bias:
    softmax is invariant to it) has float noise for a gradient in both: those whose PyTorch norm is
    below 1e-6 of the model's largest are listed apart with their absolute norms;
 4. the full step runs 20 times (a new batch each step, learning rate 1e-4, the moments and the
@@ -38,6 +41,7 @@ system."""
 from __future__ import annotations
 
 import argparse
+import copy
 import gc
 import json
 import logging
@@ -107,8 +111,9 @@ def batch(config, names: list[str], language: bool, k: int) -> tuple[dict[str, n
     return feeds, rng.integers(0, config.num_labels, (BATCH,)).astype(np.int64)
 
 
-def torch_loss(wrapped, feeds: dict, labels: np.ndarray):
-    logits = wrapped(*(torch.from_numpy(v) for v in feeds.values()))
+def torch_loss(wrapped, feeds: dict, labels: np.ndarray, dtype=torch.float32):
+    logits = wrapped(*(torch.from_numpy(v).to(dtype) if v.dtype == np.float32 else torch.from_numpy(v)
+                       for v in feeds.values()))
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(labels).reshape(-1))
 
 
@@ -152,6 +157,12 @@ def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
     torch_loss(wrapped, feeds0, labels0).backward()
     grads = {k: p.grad.numpy().copy() for k, p in named_values(wrapped).items()
              if isinstance(p, torch.nn.Parameter) and p.grad is not None}
+    # the same gradients in float64: how far float32 itself is from them, PyTorch's and roam's
+    exact = copy.deepcopy(wrapped).double()
+    exact.zero_grad()
+    torch_loss(exact, feeds0, labels0, torch.float64).backward()
+    grads64 = {k: p.grad.numpy().copy() for k, p in named_values(exact).items() if k in grads}
+    del exact
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=EPS, weight_decay=0.0)
     theirs = []
     for k in range(STEPS):
@@ -195,6 +206,12 @@ def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
             errors[p] = diff / norm[p]
     worst = max(errors, key=errors.get)
 
+    def off_float64(got: dict) -> tuple[float, str]:
+        """The largest ||g - g64|| / ||g64|| over the tensors compared above, and where."""
+        off = {p: float(np.linalg.norm(got[p] - grads64[p]) / np.linalg.norm(grads64[p])) for p in errors}
+        at = max(off, key=off.get)
+        return off[at], at
+
     step = onnx.load(str(folder / f"{name}.step.onnx"))
     pairs = json.loads(next(m.value for m in step.metadata_props if m.key == INPLACE_KEY))
     s = session(step)
@@ -218,6 +235,7 @@ def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
     return dict(model=name, layers="full" if name in full or name == "resnet50" else layers,
                 tensors=len(grads), params=sum(v.size for k, v in values.items() if k in grads),
                 worst=errors[worst], worst_name=worst, noise=noise,
+                roam_off64=off_float64(ours), torch_off64=off_float64(grads),
                 missing=sorted(set(grads) - set(ours)), extra=sorted(set(ours) - set(grads)),
                 unreached=made.survey.unreached,
                 loss_error=loss_error, first=(theirs[0], losses[0]), last=(theirs[-1], losses[-1]),
@@ -236,8 +254,9 @@ def main() -> None:
     full = set(filter(None, args.full.split(",")))
     print(f"torch {torch.__version__}; batch {BATCH}, {SEQ} tokens / {IMAGE}px; {STEPS} AdamW steps at lr {LR}")
     print("| model | layers | param tensors | parameters | worst grad rel. error (norm) | at | zero-gradient tensors "
-          "(torch norm, diff norm) | 20-step loss rel. error | loss step 1 → 20 (torch / roam) |")
-    print("|---|---|---:|---:|---:|---|---|---:|---|")
+          "(torch norm, diff norm) | against float64: roam | against float64: PyTorch float32 "
+          "| 20-step loss rel. error | loss step 1 → 20 (torch / roam) |")
+    print("|---|---|---:|---:|---:|---|---|---:|---:|---:|---|")
     for name in args.only.split(","):
         try:
             with tempfile.TemporaryDirectory() as scratch:
@@ -247,8 +266,10 @@ def main() -> None:
             continue
         noise = "; ".join(f"{p} ({a:.1e}, {b:.1e})" for p, (a, b) in r["noise"].items()) or "-"
         flag = "" if r["worst"] <= TOLERANCE and r["loss_error"] <= TOLERANCE and not r["missing"] else " **FAIL**"
+        (ours64, ours64_at), (theirs64, theirs64_at) = r["roam_off64"], r["torch_off64"]
         print(f"| {r['model']} | {r['layers']} | {r['tensors']} | {r['params']:,} | {r['worst']:.1e}{flag} | "
-              f"{r['worst_name']} | {noise} | {r['loss_error']:.1e} | {r['first'][0]:.4f} → {r['last'][0]:.4f} / "
+              f"{r['worst_name']} | {noise} | {ours64:.1e} ({ours64_at}) | {theirs64:.1e} ({theirs64_at}) | "
+              f"{r['loss_error']:.1e} | {r['first'][0]:.4f} → {r['last'][0]:.4f} / "
               f"{r['first'][1]:.4f} → {r['last'][1]:.4f} |", flush=True)
         if r["missing"] or r["extra"]:
             print(f"  {name}: gradients missing {r['missing']}, extra {r['extra']}", flush=True)

@@ -162,10 +162,8 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         writes_into.setdefault(graph.producer[r], []).append(state)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
-    overwritten = kernels_in_place(graph, storage_of, root)
-    for out, target in overwritten.items():
-        storage_of[out] = target
-        alias[out] = "inplace"
+    overwritten = kernels_in_place(graph, storage_of, root)  # joined into storage_of as found
+    alias.update(dict.fromkeys(overwritten, "inplace"))
     if overwritten:
         notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
 
