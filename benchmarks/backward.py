@@ -164,7 +164,8 @@ def suite_row(folder: Path, scratch: Path) -> str:
     total = lambda p: p["persistent_bytes"] + p["arena_bytes"]
     mib = lambda b: f"{b / 2**20:,.1f}"
     return (f"| {name} | {loss} | {seconds:.0f} | {mib(ours['persistent_bytes'])} | {mib(ours['arena_bytes'])} | "
-            f"{mib(theirs['persistent_bytes'])} | {mib(theirs['arena_bytes'])} | {total(ours) / total(theirs):.3f} |")
+            f"{mib(theirs['persistent_bytes'])} | {mib(theirs['arena_bytes'])} | {total(ours) / total(theirs):.4f} | "
+            f"{(total(ours) - total(theirs)) / 2**20:+,.2f} |")
 
 
 def main() -> None:
@@ -179,7 +180,7 @@ def main() -> None:
         folders = [f for f in folders if not args.only or f.name in args.only.split(",")]
         print(f"machine: {platform.machine()}, {platform.python_version()}; plans with --recompute off; MiB")
         print("| model | loss | roam step build s | roam persistent | roam arena | ORT persistent | ORT arena | "
-              "roam/ORT total |\n|---|---|---:|---:|---:|---:|---:|---:|")
+              "roam/ORT total | roam − ORT |\n|---|---|---:|---:|---:|---:|---:|---:|---:|")
         with tempfile.TemporaryDirectory() as scratch:
             for folder in folders:
                 print(suite_row(folder, args.keep or Path(scratch)), flush=True)
