@@ -5,7 +5,7 @@ import json
 import pytest
 from conftest import ROOT, roam
 
-from roam_cli.runtime.allocator import PlannedTensor, fit_around, match, settle, within_node
+from roam_cli.runtime.allocator import PlannedTensor, fit_around, match, node_at, settle, within_node
 
 
 def tensor(name, node, size, offset, workspace=False):
@@ -22,6 +22,14 @@ def test_requests_match_their_node_s_tensors_by_size_and_scratch_its_workspace()
     assert match([200, 500, 256, 100], planned, 256, nodes, within_node(lifetimes, nodes)) == [1, 0, 2, -1]
     # without node attribution: the next planned tensor of the size, in order
     assert match([500, 256, 256], planned, 256) == [0, 1, 2]
+
+
+def test_a_request_at_a_kernel_s_end_is_that_node_s_though_the_profile_cuts_microseconds():
+    # spans (start, end, node) in ns from whole-microsecond ts and dur: n1 ran 1,000..3,000 ns as
+    # ORT writes it, truly up to 5,000; n2 from 9,000. Requests at 2,000 and 3,150 (a kernel's
+    # last output) are n1's, 6,000 in the gap nobody's, 9,000 n2's; before any kernel, nobody's.
+    spans = [(1000, 3000, "n1"), (9000, 12000, "n2")]
+    assert node_at([500, 2000, 3150, 6000, 9000], spans) == [None, "n1", "n1", None, "n2"]
 
 
 def test_a_request_that_outlives_its_plan_life_takes_a_free_candidate_or_none():
