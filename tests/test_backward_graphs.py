@@ -427,3 +427,19 @@ def test_every_backward_node_feeds_a_gradient():
     read = {x for n in g.graph.node for x in n.input} | {o.name for o in g.graph.output}
     assert grads == {"W": "W_grad"}
     assert [n.name for n in g.graph.node if not read & set(n.output)] == []
+
+
+def test_a_mask_combined_from_constants_is_kept_as_its_one_result():
+    """GPT-2 medium's causal mask: And of two constant [4, 4] comparisons, reshaped, before a Where.
+    The step keeps the result (16 bools), not the three constants it was computed from."""
+    rows, cols = np.indices((4, 4))
+    m = model([node("And", ["lower", "ones"], ["both"]), node("Reshape", ["both", "shape"], ["visible"]),
+               node("Where", ["visible", "x", "zero"], ["h"]), node("Mul", ["h", "fc.weight"], ["y"])],
+              [("x", [2, 8])], [("y", [2, 8])],
+              {"lower": cols <= rows, "ones": np.ones((4, 4), bool), "shape": np.array([2, 8]),
+               "zero": np.array(0.0, np.float32), "fc.weight": np.full((2, 8), 3.0, np.float32)})
+    step, _ = training_model(m, ["fc.weight"], [], "none")
+    kept = {t.name: numpy_helper.to_array(t) for t in step.graph.initializer}
+    assert not {"lower", "ones", "shape", "both"} & set(kept)
+    assert kept["visible"].dtype == bool and kept["visible"].tolist() == (cols <= rows).reshape(2, 8).tolist()
+    assert [n.op_type for n in step.graph.node if n.op_type in ("And", "Reshape")] == []

@@ -13,7 +13,7 @@ from onnx import TensorProto, helper
 from roam_cli.backward.engine import static_types
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
-from roam_cli.backward.rewrite import fold_constant_selections, fuse_gelu, inactive_dropouts_to_identity
+from roam_cli.backward.rewrite import fold_constants, fuse_gelu, inactive_dropouts_to_identity
 from roam_cli.frontend.training_graph import Artifacts, Survey
 
 LAZY_RESET = "lazy_reset_grad"
@@ -29,7 +29,7 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     fuse_gelu(out)
     inactive_dropouts_to_identity(out)
     as_inputs(out.graph, [*trainable, *frozen])
-    fold_constant_selections(out)
+    fold_constants(out)
     training, grads = gradient_model(out, trainable, loss_name)
     g = training.graph
     read = {x for n in g.node for x in n.input}
