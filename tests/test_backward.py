@@ -3,6 +3,7 @@ ONNX Runtime (float64 where ONNX Runtime has the kernels, float32 otherwise), ov
 the attributes each rule supports."""
 
 import numpy as np
+import onnx
 import pytest
 from backward_check import check, session, weighted_loss
 from onnx import helper, numpy_helper
@@ -55,6 +56,9 @@ CASES = [
     ("Abs", [n("Abs", "a")], {"a": pos(2, 3) * np.array([1, -1, 1])}, "a", {}),
     ("Tanh", [n("Tanh", "a")], {"a": f64(2, 3)}, "a", {}),
     ("Sigmoid", [n("Sigmoid", "a")], {"a": f64(2, 3)}, "a", {}),
+    ("SiLU", [n("Sigmoid", "a", ["s"]), n("Mul", "sa")], {"a": f64(2, 3)}, "a", {}),
+    ("SiLU-sigmoid-read-twice", [n("Sigmoid", "a", ["s"]), n("Mul", "as", ["m"]), n("Add", "ms")],
+     {"a": f64(2, 3)}, "a", {}),
     ("Relu", [n("Relu", "a")], {"a": pos(2, 3) * np.array([1, -1, 1])}, "a", {}),
     ("Erf", [n("Erf", "a")], {"a": f32(2, 3)}, "a", {}),
     ("Gelu", [n("Gelu", "a")], {"a": f32(2, 3)}, "a", {}),
@@ -221,3 +225,15 @@ def test_a_select_read_by_a_gemm_has_its_gradient_laid_out_right_with_onnxruntim
     expected = np.zeros_like(x)
     expected[:, 0] = r @ w
     np.testing.assert_allclose(dx, expected, rtol=1e-5, atol=1e-6)
+
+
+def test_silu_s_backward_keeps_x_and_recomputes_the_sigmoid():
+    """y = x * sigmoid(x): the backward reads x, not the forward's sigmoid, which it computes again."""
+    m = helper.make_model(helper.make_graph(
+        [n("Sigmoid", "x", ["s"]), n("Mul", "xs", ["y"]), n("ReduceSum", "y", ["loss"], keepdims=0)], "g",
+        [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [2, 3])],
+        [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])]), opset_imports=[helper.make_opsetid("", 21)])
+    g, grads = gradient_model(m, ["x"], "loss")
+    backward = [b for b in g.graph.node if "/grad/" in b.name]
+    assert not any("s" in b.input for b in backward)
+    assert [b.op_type for b in backward].count("Sigmoid") == 1

@@ -20,10 +20,27 @@ def sub(g):
 
 def mul(g):
     a, b = g.input(0), g.input(1)
+    for k in (0, 1):
+        if silu(g, k):
+            return
     if g.needs(0):
         g.give(0, g.unbroadcast(g.op("Mul", g.dy(), b), 0))
     if g.needs(1):
         g.give(1, g.unbroadcast(g.op("Mul", g.dy(), a), 1))
+
+
+def silu(g, k: int) -> bool:
+    """y = x * sigmoid(x), with input k the sigmoid of the other, which nothing else reads (SiLU as
+    exporters write it): dx = dy s (1 + x (1 - s)), s recomputed from x, as PyTorch's silu_backward
+    does, so that the backward keeps x alone, not x and s."""
+    x, s = g.input(1 - k), g.input(k)
+    made = g.ctx.producer.get(s)
+    if made is None or made.op_type != "Sigmoid" or made.input[0] != x or g.ctx.readers[s] != 1:
+        return False
+    again = g.op("Sigmoid", x)
+    slope = g.op("Mul", again, g.op("Add", g.const(1.0, x), g.op("Mul", x, g.op("Sub", g.const(1.0, x), again))))
+    g.give(1 - k, g.op("Mul", g.dy(), slope))
+    return True
 
 
 def div(g):

@@ -5,6 +5,8 @@ hand a fused gradient node to a `lower` rule and get the same standard-ONNX subg
 
 from __future__ import annotations
 
+from collections import Counter
+
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
@@ -21,6 +23,8 @@ class Tape(Lowering):
     def __init__(self, model: onnx.ModelProto, static: dict[str, tuple[int, tuple[int, ...]]]):
         super().__init__(model)
         self.static = dict(static)
+        self.readers = Counter(x for n in model.graph.node for x in n.input)
+        self.readers.update(o.name for o in model.graph.output)
         # the forward's small constants, reused by value: each initializer costs an aligned block
         self.existing = {}
         for t in model.graph.initializer:
