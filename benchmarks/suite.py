@@ -112,9 +112,9 @@ def with_layers(spec: Model, layers: int) -> Model:
 
 def build(spec: Model, meta: bool = True):
     """(module in train mode, example args, input names, output names, --loss) for a model."""
-    import contextlib
-
     import transformers as hf
+
+    from roam_cli.frontend import torch_export
 
     family = {
         "gpt2": (hf.GPT2Config, hf.GPT2LMHeadModel, dict(use_cache=False)),
@@ -127,8 +127,7 @@ def build(spec: Model, meta: bool = True):
     config_cls, model_cls, extra = family[spec.family]
     attention = {} if spec.family == "resnet" else dict(attn_implementation="eager")  # plain MatMul/Softmax
     config = config_cls(**spec.config, **extra, **attention)
-    with torch.device("meta") if meta else contextlib.nullcontext():
-        model = model_cls(config)
+    model = torch_export.weightless(lambda: model_cls(config)) if meta else model_cls(config)
     model.train()
     device = "meta" if meta else "cpu"
     gen = torch.Generator().manual_seed(SEED)

@@ -383,3 +383,24 @@ def test_onnx_runtime_failures_are_told_by_their_reason_not_their_source_locatio
     check = RuntimeError("/x.cc:29 GetGradientForOp(const A&,\n B&) gradient_builder != nullptr was false. "
                          "The gradient builder has not been registered: CastLike for node n")
     assert training_graph.ort_reason(check) == "The gradient builder has not been registered: CastLike for node n"
+
+
+def test_a_weightless_bert_keeps_its_buffers_values_and_no_parameter_data(tmp_path):
+    """BERT built weightless (benchmarks/suite.py): parameters on "meta", but the token type ids and
+    position ids buffers exported with the values BERT's constructor gives them (zeros, 0..n-1),
+    so a step run on synthetic weights indexes its embeddings in range."""
+    suite = suite_module()
+    from onnx import numpy_helper
+
+    from roam_cli.frontend import torch_export
+
+    spec = suite.Model("bert", "bert", dict(vocab_size=64, max_position_embeddings=16, num_hidden_layers=1,
+                                            hidden_size=16, num_attention_heads=2, intermediate_size=32),
+                       batch=2, seq=8)
+    module, args, inputs, outputs, _ = suite.build(spec, meta=True)
+    assert all(p.is_meta for p in module.parameters()) and all(b.is_meta for b in module.buffers())
+    exported = torch_export.export(module, args, inputs, outputs, prefix="m.")
+    embedded = {t.name: numpy_helper.to_array(t) for t in exported.model.graph.initializer if t.data_location == 0}
+    assert embedded["bert.embeddings.token_type_ids"].tolist() == [[0] * 16]
+    assert embedded["bert.embeddings.position_ids"].tolist() == [list(range(16))]
+    assert exported.data_file == "weights.bin"

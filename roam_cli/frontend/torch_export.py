@@ -11,7 +11,8 @@ dynamo exporter marks them (`roam_cli.frontend.parameters`).
 A module built under `torch.device("meta")` exports without weights: no parameter data ever
 exists, and each parameter becomes an external-data initializer pointing into a file that is
 never written (planning and gradient building never read it). Its buffers (position ids,
-BatchNorm statistics) are small; they are materialised with the model's own initialiser.
+BatchNorm statistics) are small; `weightless` builds a module so and keeps their values, else
+they are materialised with the model's own initialiser.
 Constants the forward itself creates on the meta device (GPT-2's attention mask value) have no
 value either: they are kept as unfolded external-data buffers like the parameters.
 
@@ -54,10 +55,48 @@ def canonical_names(module, prefix: str = "") -> tuple[dict[str, str], dict[str,
             names(module.named_buffers(remove_duplicate=False)))
 
 
-def materialised_buffers(module) -> dict[int, np.ndarray]:
-    """id(meta buffer) -> its value, from the model's own weight initialiser (buffers only)."""
+BUFFER_VALUES = "_roam_buffer_values"  # module attribute: id(meta buffer) -> its value (`weightless`)
+
+
+def weightless(factory):
+    """`factory()`'s module with every parameter on the meta device and every buffer's value kept.
+    The module is made on the CPU, each parameter moved to "meta" as it is registered (so at most
+    one is ever real, and the initialisers that follow write nothing); then each buffer (position
+    ids, token type ids, BatchNorm statistics) goes to "meta" too, its value as the constructor made
+    it recorded for `export`. Under `torch.device("meta")` those values are lost, and a model's
+    `_init_weights` restores some only (BERT's token_type_ids came out of torch.empty)."""
     import torch
 
+    register = torch.nn.Module.register_parameter
+
+    def on_meta(self, name, param):
+        if param is not None and not param.is_meta:
+            param = torch.nn.Parameter(param.detach().to("meta"), requires_grad=param.requires_grad)
+        register(self, name, param)
+
+    torch.nn.Module.register_parameter = on_meta
+    try:
+        module = factory()
+    finally:
+        torch.nn.Module.register_parameter = register
+    values = {}
+    for sub in module.modules():
+        for key, buf in sub._buffers.items():
+            if buf is not None and not buf.is_meta:
+                sub._buffers[key] = buf.to("meta")
+                values[id(sub._buffers[key])] = buf.numpy().copy()
+    setattr(module, BUFFER_VALUES, values)
+    return module
+
+
+def materialised_buffers(module) -> dict[int, np.ndarray]:
+    """id(meta buffer) -> its value: as `weightless` recorded it, else from the model's own
+    weight initialiser (buffers only)."""
+    import torch
+
+    for sub in module.modules():
+        if hasattr(sub, BUFFER_VALUES):
+            return getattr(sub, BUFFER_VALUES)
     swapped = []
     for sub in module.modules():
         for key, buf in sub._buffers.items():
