@@ -116,6 +116,8 @@ CASES = [
     ("GatherElements", [n("GatherElements", ["a", "i"], axis=1)], {"a": f64(2, 3)}, "a",
      {"i": i64(0, 0, 2, 1, 1, 0).reshape(2, 3)}),
     ("GatherND", [n("GatherND", ["a", "i"])], {"a": f64(3, 2, 2)}, "a", {"i": i64(0, 1, 0, 1, 2, 0).reshape(3, 2)}),
+    ("GatherND-negative-every-axis", [n("GatherND", ["a", "i"])], {"a": f64(3, 2, 2)}, "a",
+     {"i": i64(-1, 0, -1, 2, -2, 1, -1, 0, -1).reshape(3, 3)}),
     ("Expand", [n("Expand", ["a", "s"])], {"a": f64(3, 1)}, "a", {"s": i64(2, 3, 4)}),
     ("Tile", [n("Tile", ["a", "r"])], {"a": f64(2, 3)}, "a", {"r": i64(2, 3)}),
     ("CumSum", [n("CumSum", ["a", "ax"])], {"a": f64(2, 4)}, "a", {"ax": np.array(1, np.int64)}),

@@ -102,9 +102,20 @@ def gather_elements(g):
 
 
 def gather_nd(g):
+    """The k index columns name rows of x seen as [N0 x ... x Nk-1, rest]: Gather's gradient on the
+    flat row numbers (ScatterND's add loses updates to repeated indices under ORT's threads)."""
     if g.attr("batch_dims", 0):
         g.refuse("GatherND with batch_dims is not differentiated")
-    g.give(0, g.op("ScatterND", g.zeros(g.input(0)), g.input(1), g.dy(), reduction="add"))
+    shape, k = g.shape(g.input(0)), g.shape(g.input(1))[-1]
+    strides = [int(np.prod(shape[j + 1:k], dtype=np.int64)) for j in range(k)]
+    index = g.input(1)
+    dims = g.const(np.array(shape[:k], np.int64), dtype=TensorProto.INT64)
+    index = g.op("Where", g.op("Less", index, g.const(np.zeros(k, np.int64), dtype=TensorProto.INT64)),
+                 g.op("Add", index, dims), index)  # GatherND counts a negative index from the end
+    flat = g.op("ReduceSum", g.op("Mul", index, g.const(np.array(strides, np.int64), dtype=TensorProto.INT64)),
+                g.axes(-1), keepdims=0)
+    rows = grads.rows_added(g, g.axes(int(np.prod(shape[:k], dtype=np.int64)), *shape[k:]), flat, g.dy())
+    g.give(0, g.op("Reshape", rows, g.axes(*shape)))
 
 
 def expand(g):
