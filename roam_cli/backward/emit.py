@@ -112,8 +112,9 @@ class Grad(Emit):
         target = self.shape(self.input(k))
         return g if shape is not None and list(shape) == target else self.op("Reshape", g, self.axes(*target))
 
-    def zeros(self, like: str) -> str:
-        return self.op("Expand", self.const(0.0, like), self.axes(*self.shape(like)))
+    def zeros_like(self, like: str) -> str:
+        """Zeros of `like`'s shape and type, made at run time from the output gradient (`zeros`)."""
+        return self.zeros(self.axes(*self.shape(like)), next(filter(None, self.dys), like))
 
     def forward_output(self, k: int, suffix: str, dtype: int, shape: list[int]) -> str:
         """The forward node's optional output k, added (`<output 0>.<suffix>`) when the export left it

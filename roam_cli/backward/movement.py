@@ -33,7 +33,7 @@ def concat(g):
 def split(g):
     """Concat of the outputs' gradients; zeros for an output none flows to."""
     axis = g.attr("axis", 0)
-    pieces = [g.dy(k) or g.zeros(o) for k, o in enumerate(g.node.output)]
+    pieces = [g.dy(k) or g.zeros_like(o) for k, o in enumerate(g.node.output)]
     g.give(0, g.op("Concat", *pieces, axis=axis))
 
 
@@ -58,7 +58,7 @@ def slice_(g):
         g.give(0, g.op("Pad", g.dy(), g.axes(*begin, *end), g.const(0.0, g.dy())))
         return
     positions = np.arange(int(np.prod(shape))).reshape(shape)[tuple(index)]
-    flat = g.op("ScatterElements", g.op("Expand", g.const(0.0, g.dy()), g.axes(int(np.prod(shape)))),
+    flat = g.op("ScatterElements", g.zeros(g.axes(int(np.prod(shape))), g.dy()),
                 g.ctx.const(positions.ravel(), TensorProto.INT64), g.op("Reshape", g.dy(), g.axes(-1)), axis=0)
     g.give(0, g.reshaped(flat, 0))
 
@@ -97,7 +97,7 @@ def gather(g):
 
 
 def gather_elements(g):
-    g.give(0, g.op("ScatterElements", g.zeros(g.input(0)), g.input(1), g.dy(), axis=g.attr("axis", 0),
+    g.give(0, g.op("ScatterElements", g.zeros_like(g.input(0)), g.input(1), g.dy(), axis=g.attr("axis", 0),
                    reduction="add"))
 
 

@@ -94,6 +94,6 @@ def softmax_cross_entropy(g):
 def negative_log_likelihood(g):
     """-w[label] dy / denominator at the label's column, zeros elsewhere: softmax_cross_entropy's
     gradient without the softmax term."""
-    zeros = g.zeros(g.input(0))
+    zeros = g.zeros_like(g.input(0))
     g.fused(losses.softmax_cross_entropy_loss_grad, "SoftmaxCrossEntropyLossGrad",
             [g.dy(), g.op("Log", zeros), g.input(1), g.input(2)], [0])

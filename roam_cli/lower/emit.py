@@ -148,6 +148,20 @@ class Emit:
         """A constant with `like`'s element type (or `dtype`)."""
         return self.ctx.const(value, dtype or self.dtype_of(like))
 
+    def zero_from(self, like: str, dtype: int | None = None) -> str:
+        """A one-element zero (of `like`'s element type, or `dtype`) computed at run time from
+        `like`'s first element: x < x is false for every x, NaN included. What a tensor made from
+        constants alone grows to, ONNX Runtime folds into an initializer of that size when the
+        session starts, held for the session's life and outside the plan; a tensor that reads this
+        zero is made at its step, like any other."""
+        first = self.op("Slice", self.op("Reshape", like, self.axes(-1)), self.axes(0), self.axes(1))
+        return self.op("Cast", self.op("Less", first, first), to=dtype or self.dtype_of(like))
+
+    def zeros(self, shape: str, like: str) -> str:
+        """Zeros of `shape` (a shape tensor) with `like`'s element type, made at run time (`zero_from`:
+        an embedding table's or a ResNet input's zeros would otherwise be folded)."""
+        return self.op("Expand", self.zero_from(like), shape)
+
     def cast_like(self, x: str, like: str, out: str | None = None, **attrs) -> str:
         """x cast to `like`'s element type: a Cast, not CastLike, which runtimes run as a function
         (onnxruntime: unnamed nodes outside the plan's order)."""

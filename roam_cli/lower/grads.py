@@ -64,14 +64,11 @@ def rows_added(e, shape: str, indices: str, dy: str, out: str | None = None) -> 
     it over threads (1.19.2 and 1.32.0, measured: a GPT-2 batch repeats tokens)."""
     flat = e.op("Reshape", indices, e.axes(-1))
     rows = e.op("Reshape", dy, e.op("Concat", e.op("Shape", flat), e.axes(-1), axis=0))
-    where = e.op("Expand", e.op("Unsqueeze", e.op("Cast", flat, to=6), e.axes(-1)), e.op("Shape", rows))  # 6: INT32
+    column = e.op("Add", e.op("Unsqueeze", e.op("Cast", flat, to=6), e.axes(-1)), e.zero_from(dy, 6))  # 6: INT32
+    where = e.op("Expand", column, e.op("Shape", rows))  # made at run time, also for constant indices
     size = e.op("Concat", e.op("Slice", shape, e.axes(0), e.axes(1)), e.op("Shape", rows, start=1), axis=0)
-    summed = e.op("ScatterElements", zeros(e, size, dy), where, rows, axis=0, reduction="add")
+    summed = e.op("ScatterElements", e.zeros(size, dy), where, rows, axis=0, reduction="add")
     return e.op("Reshape", summed, shape, out=out)
-
-
-def zeros(e, shape: str, like: str) -> str:
-    return e.op("Expand", e.const(0.0, like), shape)
 
 
 def conv_grad(e):
@@ -125,6 +122,6 @@ def max_pool_grad(e):
     for d in x_shape:
         size *= d
     flat = e.axes(-1)
-    summed = e.op("ScatterElements", zeros(e, e.axes(size), dy), e.op("Reshape", indices, flat),
+    summed = e.op("ScatterElements", e.zeros(e.axes(size), dy), e.op("Reshape", indices, flat),
                   e.op("Reshape", dy, flat), axis=0, reduction="add")
     e.op("Reshape", summed, e.axes(*x_shape), out=e.output(0))
