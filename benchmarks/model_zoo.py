@@ -90,7 +90,9 @@ class Encoder(torch.nn.Module):
         self.model = model
 
     def forward(self, ids):
-        return self.model(input_ids=ids).last_hidden_state
+        # the mask given (all tokens real, as OLLA's "Hello world"): without one, transformers checks the
+        # ids for padding with a data-dependent test, which PyTorch's FakeTensorMode cannot run
+        return self.model(input_ids=ids, attention_mask=torch.ones_like(ids)).last_hidden_state
 
 
 def build(name: str, batch: int):
