@@ -179,7 +179,8 @@ def render(graphs: list[tuple[str, str, Path]], results: dict, end_to_end: list,
 
 def running_the_plan() -> list[str]:
     """The latest tables of benchmarks/allocator.py (its own run; it needs real training steps)."""
-    tables = [ROOT / "benchmarks" / "results" / f"{name}.md" for name in ("allocator", "allocator_suite")]
+    tables = [ROOT / "benchmarks" / "results" / f"{name}.md"
+              for name in ("allocator", "allocator_suite", "allocator_standard", "allocator_standard_suite")]
     found = [t for t in tables if t.is_file()]
     if not found:
         return []
