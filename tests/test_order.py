@@ -77,8 +77,7 @@ def test_repair_gives_the_peak_step_its_least_bytes():
     problem = Problem(((), (0,), (), (0, 2), (1, 3)),
                       (Buffer(10, (0,), (1, 3)), Buffer(1, (1,), (4,)), Buffer(100, (2,), (3,)), Buffer(1, (3,), (4,))))
     assert list_schedule(problem) == [0, 1, 2, 3, 4] and peak(problem, [0, 1, 2, 3, 4]) == 112
-    anc, desc = reachability(problem)
-    assert roam_mod.repair(problem, [0, 1, 2, 3, 4], anc, desc) == ([0, 2, 3, 1, 4], 1)
+    assert roam_mod.repair(problem, [0, 1, 2, 3, 4], bounds.Bound(problem, *reachability(problem))) == ([0, 2, 3, 1, 4], 1)
     assert peak(problem, [0, 2, 3, 1, 4]) == 111 == bounds.lower_bound(problem, [0, 2, 3, 1, 4])
 
 

@@ -23,15 +23,32 @@ PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
 def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
     """The surely-live bound, raised by the exact step minimum of the nodes at `order`'s
     highest steps (where a proof that the order is optimal must come from)."""
-    anc, desc = reachability(problem)
-    bound = surely_live(problem, anc, desc)
-    if order:
-        steps = profile(problem, order)
-        for step in sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]:
-            if steps[step] <= bound:
-                break
-            bound = max(bound, step_minimum(problem, order[step], anc, desc))
-    return bound
+    return Bound(problem, *reachability(problem)).raised(order or [])
+
+
+class Bound:
+    """One problem's lower bound, raised as orders come: the surely-live bound is computed once
+    and each node's step minimum at most once (neither depends on an order)."""
+
+    def __init__(self, problem: Problem, anc: list[int], desc: list[int]):
+        self.problem, self.anc, self.desc = problem, anc, desc
+        self.value = surely_live(problem, anc, desc)
+        self.prefixes: dict[int, tuple[int, list[int]]] = {}  # node -> best_prefix()
+
+    def prefix(self, v: int) -> tuple[int, list[int]]:
+        if v not in self.prefixes:
+            self.prefixes[v] = best_prefix(self.problem, v, self.anc, self.desc)
+        return self.prefixes[v]
+
+    def raised(self, order: list[int]) -> int:
+        """The bound raised by the step minima of the nodes at `order`'s highest steps."""
+        if order:
+            steps = profile(self.problem, order)
+            for step in sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]:
+                if steps[step] <= self.value:
+                    break
+                self.value = max(self.value, self.prefix(order[step])[0])
+        return self.value
 
 
 def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:

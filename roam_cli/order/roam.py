@@ -21,7 +21,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules
+from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules, tails
 from roam_cli.order.greedy import SCHEDULERS
 from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
 from roam_cli.solvers import milp
@@ -72,7 +72,7 @@ def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str, str | None]:
     return sol.order, sol.optimal, "ilp", sol.status if milp.failed(sol.status) else None
 
 
-def repair(rp: Problem, order_: list[int], anc: list[int], desc: list[int]) -> tuple[list[int], int]:
+def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[int], int]:
     """Give the peak step the least live bytes it can have: its node runs right after the
     smallest set of nodes that achieves the step minimum (`bounds.best_prefix`), in their current
     order, and everything else after it; repeated while the whole peak drops. Returns the order
@@ -81,7 +81,7 @@ def repair(rp: Problem, order_: list[int], anc: list[int], desc: list[int]) -> t
     while order_:
         steps = profile(rp, order_)
         v = order_[steps.index(max(steps))]
-        first = set(bounds.best_prefix(rp, v, anc, desc)[1])
+        first = set(bound.prefix(v)[1])
         candidate = [w for w in order_ if w in first] + [v] + [w for w in order_ if w not in first and w != v]
         if peak(rp, candidate) >= max(steps):
             break
@@ -106,12 +106,17 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     for name, scheduler in SCHEDULERS.items():
         candidates[f"{name} (reduced)"] = scheduler(rp)
     anc, desc = reachability(rp)
-    repaired = {name: repair(rp, c, anc, desc) for name, c in candidates.items()}
+    bound = bounds.Bound(rp, anc, desc)
+    repaired = {name: repair(rp, c, bound) for name, c in candidates.items()}
     stats.reference = min(repaired, key=lambda name: (peak(rp, repaired[name][0]), name))
     start, stats.repairs = repaired[stats.reference]
-    stats.lower_bound = bounds.lower_bound(rp, start)
+    stats.lower_bound = bound.raised(start)
+    placed, placed_peak = tails.improve(rp, start, desc, stats.lower_bound, peak(rp, start))
+    if placed_peak < peak(rp, start):
+        start, stats.reference = placed, f"{stats.reference}, tails placed"
+        stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, (anc, desc), start, deadline, solver, jobs, pool, stats, say)
+        search = Search(rp, bound, start, deadline, solver, jobs, pool, stats, say)
         best = search.run()
     return red.expand(best), stats
 
@@ -119,9 +124,9 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
 class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
-    def __init__(self, rp: Problem, reach: tuple[list[int], list[int]], start: list[int], deadline: float,
+    def __init__(self, rp: Problem, bound: bounds.Bound, start: list[int], deadline: float,
                  solver: str, jobs: int, pool, stats: Stats, say):
-        self.rp, (self.anc, self.desc), self.current, self.deadline = rp, reach, start, deadline
+        self.rp, self.bound, self.current, self.deadline = rp, bound, start, deadline
         self.solver, self.jobs, self.pool, self.stats, self.say = solver, jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
@@ -146,7 +151,7 @@ class Search:
             if todo:
                 self.solve(todo)
                 if peak(rp, self.current) < top:
-                    stats.lower_bound = max(stats.lower_bound, bounds.lower_bound(rp, self.current))
+                    stats.lower_bound = self.bound.raised(self.current)
                     continue
             # every segment at the peak is optimal within its borders or out of budget: merge
             # neighbours so nodes can cross the cuts
@@ -166,12 +171,12 @@ class Search:
         return self.current
 
     def repair(self) -> bool:
-        improved, moves = repair(self.rp, self.current, self.anc, self.desc)
+        improved, moves = repair(self.rp, self.current, self.bound)
         if not moves:
             return False
         self.current = improved
         self.stats.repairs += moves
-        self.stats.lower_bound = max(self.stats.lower_bound, bounds.lower_bound(self.rp, self.current))
+        self.stats.lower_bound = self.bound.raised(self.current)
         self.cut()  # the order moved across the old cuts
         return True
 
