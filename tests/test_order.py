@@ -14,7 +14,7 @@ from order_cases import random_graph
 from roam_cli import order
 from roam_cli.core import memory
 from roam_cli.frontend.onnx_import import import_model
-from roam_cli.order import bounds, roam as roam_mod
+from roam_cli.order import bounds, roam as roam_mod, tails
 from roam_cli.order.greedy import dfs_schedule, list_schedule
 from roam_cli.order.ort import ort_default
 from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak, reachability
@@ -146,3 +146,22 @@ def test_bad_order_options_are_refused_in_one_line(tmp_path):
         r = roam("optimize", path, "-o", tmp_path / "q.json", *bad)
         assert r.code == 2 and message in r.err and len(r.err.strip().splitlines()) == 1
         assert not (tmp_path / "q.json").exists()
+
+
+def test_a_tail_runs_where_its_peak_fits():
+    # Spine 0 -> 1 -> 2 -> 3; x (100 bytes, from 0) is read by 2. The tail 4 hangs off 1: it reads
+    # d (1 byte, from 1) and makes s (50), read by nobody. Run right after 1, its step holds x, d
+    # and s (151); run after 2 (x freed), 51, and 2's step 101 is the best order's peak. With a
+    # tail being a node without descendants, 3 is a tail too.
+    problem = Problem(((), (0,), (1,), (2,), (1,)),
+                      (Buffer(100, (0,), (2,)), Buffer(1, (1,), (4,)), Buffer(50, (4,), ())))
+    reference = [0, 1, 4, 2, 3]
+    assert peak(problem, reference) == 151
+    _, desc = reachability(problem)
+    placement = tails.Tails(problem, reference, desc, tail_descendants=1)
+    assert placement.spine == [0, 1, 2] and sorted(placement.tails) == [[3], [4]]
+    assert placement.schedule(101) == ([0, 1, 2, 3, 4], 101)
+    assert placement.schedule(160) == ([0, 1, 4, 2, 3], 151)  # fits at once under a high target
+    assert placement.schedule(140, cutoff=120) == ([0, 1, 2, 3, 4], 101)
+    order_, best = tails.improve(problem, reference, desc, 100, 151, tail_descendants=1)
+    assert best == 101 == peak(problem, order_) and is_topological(problem, order_)

@@ -4,7 +4,8 @@
    that only allocate), which keeps an optimum and shrinks the problem.
 2. The heuristics run on the reduced problem; the baselines' orders are projected onto it. Each
    is repaired (`repair`: the peak step gets the least live bytes any order can give it, when
-   that lowers the peak) and the best is the reference order. `bounds.lower_bound` bounds every
+   that lowers the peak) and the best is the reference order. Its tails (weight gradients and
+   their updates: `tails.py`) are then placed where their peaks fit. `bounds.Bound` bounds every
    order from below: reaching it ends the search with a proof.
 3. The reference order is cut into a division tree (`divide.split`). Leaves whose steps reach
    the current peak are solved exactly, identical shapes once (`blocks.canonical`), in parallel
@@ -80,6 +81,8 @@ def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[in
     moves = 0
     while order_:
         steps = profile(rp, order_)
+        if max(steps) <= bound.value:  # nothing below the bound to gain
+            break
         v = order_[steps.index(max(steps))]
         first = set(bound.prefix(v)[1])
         candidate = [w for w in order_ if w in first] + [v] + [w for w in order_ if w not in first and w != v]

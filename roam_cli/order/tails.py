@@ -28,7 +28,8 @@ TARGET_TRIES = 12  # schedules tried by improve()
 class Tails:
     """The tails of a problem under a reference order, and its schedules."""
 
-    def __init__(self, problem: Problem, reference: list[int], desc: list[int]):
+    def __init__(self, problem: Problem, reference: list[int], desc: list[int],
+                 tail_descendants: int = TAIL_DESCENDANTS):
         self.problem = problem
         n = problem.n
         self.rank = [0] * n
@@ -36,7 +37,7 @@ class Tails:
             self.rank[v] = i
         self.part = [-1] * n  # node -> its tail, -1 on the spine
         self.tails: list[list[int]] = []  # each in reference order
-        tail = [desc[v].bit_count() < TAIL_DESCENDANTS for v in range(n)]
+        tail = [desc[v].bit_count() < tail_descendants for v in range(n)]
         for v in range(n):
             if tail[v] and self.part[v] < 0:
                 self.part[v], stack, members = len(self.tails), [v], []
@@ -54,8 +55,9 @@ class Tails:
             if self.part[v] >= 0:
                 self.outside_preds[self.part[v]] += sum(1 for u in problem.preds[v] if self.part[u] != self.part[v])
 
-    def schedule(self, target: int) -> tuple[list[int], int]:
-        """(order, its peak) with the tails placed under `target`."""
+    def schedule(self, target: int, cutoff: int | None = None) -> tuple[list[int] | None, int]:
+        """(order, its peak) with the tails placed under `target`; (None, a peak above `cutoff`)
+        as soon as a step exceeds `cutoff` (the tails piled up: no need to finish)."""
         p, part = self.problem, self.part
         run = Simulation(p)
         order: list[int] = []
@@ -115,6 +117,8 @@ class Tails:
                 heapq.heappush(waiting_tails, (0, -1, t))
         for v in self.spine:
             execute(v)
+            if cutoff is not None and run.peak > cutoff:
+                return None, run.peak
             free_eagerly()
             tried = []
             while waiting_tails and run.live + waiting_tails[0][0] <= target:
@@ -142,20 +146,20 @@ class Tails:
 
 
 def improve(problem: Problem, reference: list[int], desc: list[int], lower: int, reference_peak: int,
-            tries: int = TARGET_TRIES) -> tuple[list[int], int]:
+            tail_descendants: int = TAIL_DESCENDANTS) -> tuple[list[int], int]:
     """The best of the reference and the tail schedules for targets bisected in [lower,
     reference_peak]: a schedule above the bracket's top means the target let the tails pile up."""
-    tails = Tails(problem, reference, desc)
+    tails = Tails(problem, reference, desc, tail_descendants)
     best, best_peak = reference, reference_peak
     if not tails.tails:
         return best, best_peak
     low, high = lower, reference_peak
-    for _ in range(tries):
+    for _ in range(TARGET_TRIES):
         if high - low <= high // 1000:
             break
         target = (low + high) // 2
-        found, found_peak = tails.schedule(target)
-        if found_peak < best_peak:
+        found, found_peak = tails.schedule(target, cutoff=high)
+        if found is not None and found_peak < best_peak:
             best, best_peak = found, found_peak
         if found_peak > high:
             low = target
