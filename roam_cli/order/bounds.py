@@ -10,7 +10,9 @@
   for every predecessor u of w keeps D down-closed; per buffer, allocators -> y (infinite),
   y -> z (its bytes), z -> readers (infinite): the bytes are cut exactly when an allocator is
   before or at v and a reader at or after it. Buffers nobody reads are left out (a bound may
-  undercount). Both bound the peak from below, so peak == bound proves an order optimal."""
+  undercount). Both bound the peak from below, so peak == bound proves an order optimal.
+  `Bound` takes the step minimum where the most bytes are surely live and at each order's
+  highest steps."""
 
 import numpy as np
 
@@ -32,8 +34,12 @@ class Bound:
 
     def __init__(self, problem: Problem, anc: list[int], desc: list[int]):
         self.problem, self.anc, self.desc = problem, anc, desc
-        self.value = surely_live(problem, anc, desc)
+        self.value, densest = surely_live(problem, anc, desc)
         self.prefixes: dict[int, tuple[int, list[int]]] = {}  # node -> best_prefix()
+        # Where the most bytes are surely live (a training step's loss, with every kept activation)
+        # the step minimum is high in every order, even where a poor order peaks elsewhere.
+        if densest is not None:
+            self.value = max(self.value, self.prefix(densest)[0])
 
     def prefix(self, v: int) -> tuple[int, list[int]]:
         if v not in self.prefixes:
@@ -51,7 +57,8 @@ class Bound:
         return self.value
 
 
-def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
+def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> tuple[int, int | None]:
+    """(the bound, the node whose step has the most bytes surely live, None for no nodes)."""
     n = problem.n
     total = np.full(n, problem.base, dtype=np.int64)
     everyone = (1 << n) - 1
@@ -71,7 +78,8 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> int:
             total[members(surely, n)] += buf.bytes
     entered = sum(b.bytes for b in problem.buffers if not b.alloc)
     staying = sum(b.bytes for b in problem.buffers if b.to_end)
-    return max(int(total.max(initial=0)), problem.base + max(entered, staying))
+    densest = int(total.argmax()) if n else None
+    return max(int(total.max(initial=0)), problem.base + max(entered, staying)), densest
 
 
 def members(bits: int, n: int) -> np.ndarray:
