@@ -23,8 +23,8 @@ PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
 
 
 def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
-    """The surely-live bound, raised by the exact step minimum of the nodes at `order`'s
-    highest steps (where a proof that the order is optimal must come from)."""
+    """The surely-live bound, raised by the exact step minimum where the most bytes are surely
+    live and at `order`'s highest steps (where a proof that the order is optimal must come from)."""
     return Bound(problem, *reachability(problem)).raised(order or [])
 
 
