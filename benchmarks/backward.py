@@ -145,12 +145,16 @@ def row(path: Path, loss: str, folder: Path) -> str:
     return " | ".join(cells)
 
 
+def suite_loss(forward_path: Path) -> str:
+    """The loss the suite trains a model with: its own where forward.onnx's output is `loss`."""
+    forward = onnx.load(str(forward_path), load_external_data=False)
+    return "none" if forward.graph.output[0].name == "loss" else "cross-entropy"
+
+
 def suite_row(folder: Path, scratch: Path) -> str:
     """roam's full step from the suite's weightless forward.onnx beside ORT's full step, both planned."""
     name = folder.name
-    forward = onnx.load(str(folder / "forward.onnx"), load_external_data=False)
-    loss = "none" if forward.graph.output[0].name == "loss" else "cross-entropy"
-    del forward
+    loss = suite_loss(folder / "forward.onnx")
     step = scratch / f"{name}.roam.onnx"
     t = time.time()
     run = subprocess.run([sys.executable, "-m", "roam_cli", "-q", "make-training-graph", str(folder / "forward.onnx"),
