@@ -79,12 +79,13 @@ def feeds_for(sess) -> dict:
     feeds = {}
     for i in sess.get_inputs():
         shape = [d if isinstance(d, int) else 1 for d in i.shape]
+        # np.asarray: a scalar input (shape []) must be fed as a 0-d array, which onnxruntime 1.19 requires
         if i.type == "tensor(int64)":
-            feeds[i.name] = rng.integers(0, 100, shape).astype(np.int64)
+            feeds[i.name] = np.asarray(rng.integers(0, 100, shape), dtype=np.int64)
         elif i.type == "tensor(bool)":
             feeds[i.name] = np.zeros(shape, bool)
         elif i.type == "tensor(float)":
-            feeds[i.name] = (rng.standard_normal(shape) * 0.1).astype(np.float32)
+            feeds[i.name] = np.asarray(rng.standard_normal(shape) * 0.1, dtype=np.float32)
     return feeds
 
 
