@@ -76,6 +76,7 @@ class ByteSize(click.ParamType):
 
 JOBS = click.IntRange(min=1)  # --jobs: parallel solver processes
 SECONDS = click.FloatRange(min=0, min_open=True)  # --time-limit
+GAP = click.FloatRange(min=0, max=1)  # --gap: a fraction
 
 
 BUDGET_HELP = "Memory the device has for this step, e.g. 16GiB: says whether the plan fits (exit 1 if not)."
@@ -122,6 +123,9 @@ def cli(ctx, quiet, verbose):
               help="Declare that graph output OUTPUT replaces input STATE in place (repeatable).")
 @click.option("--loss", default=None, help="Name of the loss tensor (default: the first scalar float output).")
 @click.option("--time-limit", type=SECONDS, default=None, help="Seconds the solvers may use in all.")
+@click.option("--gap", type=GAP, default=pipeline.Options.gap, show_default=True,
+              help="Stop searching once the order's peak is within this fraction of its lower bound, and the "
+                   "arena within it of the peak of live bytes (0: search until proven or out of time).")
 @click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
 @click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
@@ -144,7 +148,7 @@ def cli(ctx, quiet, verbose):
                    "and place it in the arena like a tensor (roam train then holds the plan's arena).")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
-             shapes_from_run, inplace, loss, time_limit, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
+             shapes_from_run, inplace, loss, time_limit, gap, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
              ort_optimized, provider, workspace_mode):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
@@ -176,7 +180,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
     options = pipeline.Options(
         dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,
-        inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, jobs=jobs,
+        inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, gap=gap, jobs=jobs,
         solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu",
         recompute=recompute_mode, budget=budget)
     if workspace_mode == "calibrate":

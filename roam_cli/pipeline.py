@@ -29,6 +29,7 @@ class Options:
     inplace: dict[str, str] = field(default_factory=dict)  # graph output -> state it replaces
     loss: str | None = None
     time_limit: float | None = None
+    gap: float = 0.0  # the searches stop within this fraction of their lower bounds (0: proven or out of time)
     jobs: int = 1
     solver: str = "cbc"  # MILP solver of the ordering and layout ILPs: cbc | highs
     reproducible: bool = False  # leave wall-clock figures out of the plan (byte-identical reruns)
@@ -229,7 +230,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     order_limit = options.time_limit / 2 if options.time_limit is not None else None
     chosen_order, order_stats = order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
                                             jobs=options.jobs, solver=options.solver, measured=measured,
-                                            progress=say)
+                                            progress=say, gap=options.gap)
     order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
                                 for k, v in measured.items()]
     seconds["order"] = time.perf_counter() - t
@@ -239,7 +240,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     layout_limit = max(options.time_limit - seconds["order"], 0.0) if options.time_limit is not None else None
     scratch = workspace_buffers(imported.graph, chosen_order, options.workspace)
     placed = layout.place(layout_buffers(mm, chosen_order) + [(s, s + 1, b) for _, s, b in scratch], options.layout,
-                          time_limit=layout_limit, jobs=options.jobs, solver=options.solver)
+                          time_limit=layout_limit, jobs=options.jobs, solver=options.solver, gap=options.gap)
     offsets = placed.offsets[:len(mm.storages)]
     workspace = [{"node": node, "step": s, "bytes": b, "offset": o}
                  for (node, s, b), o in zip(scratch, placed.offsets[len(mm.storages):])]

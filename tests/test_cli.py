@@ -217,6 +217,8 @@ def test_a_budget_of_nothing_is_refused(tmp_path, command, budget):
 @pytest.mark.parametrize("command, option, bad", [
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--jobs", "0"),
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "-1"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--gap", "-0.1"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--gap", "2"),
     (["max-batch", str(SAMPLE), "--budget", "1GiB"], "--jobs", "0"),
     (["max-batch", str(SAMPLE), "--budget", "1GiB"], "--time-limit", "0"),
     (["layout-csv", "{d}/old.json", "-o", "{d}/out.csv"], "--jobs", "-2"),

@@ -117,6 +117,20 @@ def test_search_proves_infeasibility_and_roam_finds_the_optimum():
     assert placed.arena == 31 and placed.stats["solver_status"] == "optimal"
 
 
+# Peak live 19 (at step 4: 3 + 5 + 1 + 10); every heuristic needs 20; the search fits 19.
+NEAR_BOUND = [(4, 5, 3), (0, 7, 5), (6, 8, 1), (2, 4, 7), (2, 6, 1), (4, 8, 10), (3, 4, 4)]
+
+
+def test_the_search_stops_once_the_arena_is_within_the_gap():
+    exact = layout.place(NEAR_BOUND, "roam", time_limit=10.0)
+    assert exact.stats["heuristic_arena"] == 20 and exact.arena == 19 and exact.stats["searched"] == 1
+    # 20 is within 1/19 of 19: the heuristics' layout stands, nothing is searched
+    near = layout.place(NEAR_BOUND, "roam", time_limit=10.0, gap=1 / 19)
+    assert near.arena == 20 and near.stats["searched"] == 0
+    # a gap that 20 exceeds: the search runs and reaches the bound as before
+    assert layout.place(NEAR_BOUND, "roam", time_limit=10.0, gap=0.05).arena == 19
+
+
 def test_ilp_finds_the_same_optimum():
     from roam_cli.layout.heuristics import best_fit
     from roam_cli.layout.ilp import solve_ilp

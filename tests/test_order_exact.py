@@ -2,13 +2,14 @@
 (<= 10 nodes, random sizes, views, in-place accumulation and declared in-place updates)."""
 
 import random
+import time
 
 import pytest
 from order_cases import brute_force, cases, count_orders, random_problem, topological_orders
 
 from roam_cli import order
 from roam_cli.core import memory
-from roam_cli.order import bounds, ideals, ilp
+from roam_cli.order import bounds, ideals, ilp, roam
 from roam_cli.order.problem import (
     Buffer,
     Problem,
@@ -81,24 +82,40 @@ def test_a_reader_that_runs_before_the_allocator_allocates_nothing():
     assert found.optimal and found.order == [0, 1] and found.peak == 20
 
 
-def test_an_update_chain_that_fits_runs_as_one_block():
-    # node 0 allocates three gradients of 100; chain i: x reads its gradient and allocates a
-    # temporary of 150, y reads the temporary. Every x first: 300 + 150, 350 + 150, 400 + 150 = 550.
-    # The whole step ends at 0, its lowest point, so under 549 the search takes it as one move,
-    # in the order that leaves the least live each time (x1 y1 x2 y2 x3 y3: 450). Under 449 no
-    # x fits after node 0: two down-sets visited in all, where the chains have 2^3 interleavings.
+def chains() -> tuple[Problem, list[int]]:
+    """Node 0 allocates three gradients of 100; chain i: x reads its gradient and allocates a
+    temporary of 150, y reads the temporary. Every x first peaks at 550; the best order at 450."""
     preds: list[tuple[int, ...]] = [()]
     buffers = []
     for i in range(3):
         x, y = 1 + 2 * i, 2 + 2 * i
         preds += [(0,), (x,)]
         buffers += [Buffer(100, (0,), (x,)), Buffer(150, (x,), (y,))]
-    problem = Problem(tuple(preds), tuple(buffers))
-    every_x_first = [0, 1, 3, 5, 2, 4, 6]
+    return Problem(tuple(preds), tuple(buffers)), [0, 1, 3, 5, 2, 4, 6]
+
+
+def test_an_update_chain_that_fits_runs_as_one_block():
+    # Under 549 the search takes the whole step as one move (it ends at 0, its lowest point), in
+    # the order that leaves the least live each time (x1 y1 x2 y2 x3 y3: 450). Under 449 no x
+    # fits after node 0: two down-sets visited in all, where the chains have 2^3 interleavings.
+    problem, every_x_first = chains()
     assert peak(problem, every_x_first) == 550
     found = ideals.solve(problem, every_x_first, max_states=100, deadline=float("inf"))
     assert found.optimal and found.order == [0, 1, 2, 3, 4, 5, 6] and found.peak == 450
     assert found.states == 2
+
+
+@pytest.mark.parametrize("gap, expected", [(0.0, 450), (0.5, 450), (0.85, 550)])
+def test_the_search_stops_once_the_peak_is_within_the_gap(gap, expected):
+    # the bound is node 0's three gradients, 300: 450 is within 50 % of it, 550 within 85 %
+    problem, every_x_first = chains()
+    anc, desc = reachability(problem)
+    bound = bounds.Bound(problem, anc, desc)
+    stats = roam.Stats(lower_bound=bound.raised(every_x_first))
+    assert stats.lower_bound == 300
+    search = roam.Search(problem, bound, every_x_first, time.perf_counter() + 60, "cbc", 1, None, stats,
+                         lambda _: None, gap)
+    assert peak(problem, search.run()) == expected
 
 
 @pytest.mark.parametrize("solver", milp.SOLVERS)

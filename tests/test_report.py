@@ -82,6 +82,10 @@ def test_the_order_line_says_how_far_the_order_can_be_from_optimal():
     met["stats"]["order"].update(lower_bound_bytes=800, proven_optimal=False)
     assert order_bound(met) == {"lower_bound_bytes": 800, "proven_optimal": True, "gap": 0.0}
     assert order_bound(plan_with({}, order="original")) is None  # no bound recorded: no line
+    near = plan_with({})  # 800 against 799.7: a search stopped by --gap 0.1%
+    near["stats"]["order"].update(lower_bound_bytes=799.7, proven_optimal=False, gap=0.001)
+    assert order_bound_line(order_bound(near)) == ("within 0.038% of optimal (bound 799.7 B; "
+                                                   "the search stopped within --gap 0.1%)")
 
 
 def test_markdown_report_and_budget_exit_codes(sample_plan, tmp_path):

@@ -78,14 +78,15 @@ def arena_of(buffers: Sequence[tuple[int, int, int]], offsets: Sequence[int]) ->
 
 def place(buffers: Sequence[tuple[int, int, int]], strategy: str = "roam", *,
           time_limit: float | None = None, jobs: int = 1, capacity: int | None = None,
-          progress=None, solver: str = "cbc") -> Layout:
+          progress=None, solver: str = "cbc", gap: float = 0.0) -> Layout:
     """Offsets for ``buffers`` with ``strategy``.
 
     ``time_limit`` (seconds) bounds the ``roam`` search (default: a few seconds, growing with
     the instance); ``jobs`` is the number of processes it may use; ``capacity`` turns ``roam``
     into a decision problem (stop as soon as the layout fits) and adds ``stats["fits"]`` for
     every strategy; ``progress`` is an optional ``callable(str)``; ``solver`` is the MILP solver
-    of ``roam``'s offset ILP (``cbc`` or ``highs``).
+    of ``roam``'s offset ILP (``cbc`` or ``highs``); ``gap`` stops ``roam``'s search once the
+    arena is within that fraction of the peak of live bytes.
     """
     if strategy not in STRATEGIES:
         raise ValueError(f"unknown layout strategy {strategy!r} (choose from {', '.join(STRATEGIES)})")
@@ -100,7 +101,7 @@ def place(buffers: Sequence[tuple[int, int, int]], strategy: str = "roam", *,
     if strategy == "roam":
         from roam_cli.layout.roam import roam_layout
         offsets, extra = roam_layout(bufs, time_limit=time_limit, jobs=jobs, capacity=capacity,
-                                     progress=progress, solver=solver)
+                                     progress=progress, solver=solver, gap=gap)
         stats.update(extra)
     elif strategy == "first-fit":
         offsets = first_fit(bufs)

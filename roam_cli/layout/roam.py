@@ -27,7 +27,9 @@ Who does what, and why:
 4. **Minimisation.**  Without ``capacity`` the target is the peak-live bound.  If a piece does
    not fit it (proven infeasible, or out of time), the height is bisected between the bound
    and the incumbent, each probe a time-limited decision search.  An exhausted search is a
-   proof, so small pieces end with a proven optimum.
+   proof, so small pieces end with a proven optimum.  With a ``gap``, a height within that
+   fraction of the bound will do: pieces already there are not searched, and after the probe
+   at the bound the next one is at that height.
 5. **ILP** (:mod:`ilp`, PuLP/CBC, big-M order disjunctions, warm-started from the incumbent):
    for small pieces (<= ``ILP_MAX_BUFFERS``) on which the search ran out of time without a
    proof, the offset ILP gets the remaining time to improve the incumbent or prove it optimal.
@@ -181,9 +183,11 @@ def decide(sub, target, deadline, jobs=1, rankings=DEFAULT_HEURISTICS, cs=None):
 
 
 # ------------------------------------------------------------------ one piece
-def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver):
-    """Improve the incumbent ``best_off`` of one independent piece.  Returns (offsets, info)."""
+def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver, good=None):
+    """Improve the incumbent ``best_off`` of one independent piece, until its height is at most
+    ``good`` (default ``target``).  Returns (offsets, info)."""
     t0 = time.perf_counter()
+    good = target if good is None else good
     best_h = height_of(sub, best_off)
     info = {"buffers": len(sub), "lower_bound": lb, "heuristic": best_h, "nodes": 0, "probes": []}
     status_final = "heuristic"
@@ -191,14 +195,17 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
     lo = max(lb, 0)
     goal = target
     proven_lo = lo  # every height below this is proven impossible
-    while best_h > goal and time.perf_counter() < deadline:
+    while best_h > good and time.perf_counter() < deadline:
         left = deadline - time.perf_counter()
         # a decision (capacity) gets all the time; when minimising, the probe at the lower
-        # bound gets 60% and each bisection probe half of what is left
+        # bound gets 60% (a quarter when a height up to `good` will do: the probe at `good`
+        # comes next) and each later probe half of what is left
         if not minimise:
             share = left
+        elif not info["probes"]:
+            share = left * (0.6 if good == goal else 0.25)
         else:
-            share = max(left * (0.6 if not info["probes"] else 0.5), 0.05)
+            share = max(left * 0.5, 0.05)
         probe_deadline = time.perf_counter() + share
         off, status, nodes = decide(sub, goal, probe_deadline, jobs, cs=cs)
         info["nodes"] += nodes
@@ -217,7 +224,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
             lo = goal + 1
         if lo >= best_h:
             break
-        goal = (lo + best_h - 1) // 2
+        goal = good if lo <= good < best_h else (lo + best_h - 1) // 2
     if best_h <= lb:
         status_final = "optimal"
     elif proven_lo >= best_h:
@@ -228,7 +235,7 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
     # small pieces the search could not settle: the offset ILP gets what time is left
     proven_out = not minimise and proven_lo > target  # the capacity is proven infeasible
     if (status_final not in ("optimal",) and len(sub) <= ILP_MAX_BUFFERS and not proven_out
-            and deadline - time.perf_counter() > 0.2 and (minimise or best_h > target)):
+            and deadline - time.perf_counter() > 0.2 and best_h > good):
         from roam_cli.layout.ilp import solve_ilp
         off, ilp_info = solve_ilp(sub, upper=best_h, lower=info["proven_lower_bound"],
                                   warm=best_off, time_limit=deadline - time.perf_counter(), solver=solver)
@@ -249,8 +256,11 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
 
 # ------------------------------------------------------------------ entry point
 def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | None = None,
-                jobs: int = 1, capacity: int | None = None, progress=None, solver: str = "cbc"):
-    """Returns (offsets, stats).  ``buffers`` must already be validated plain ints."""
+                jobs: int = 1, capacity: int | None = None, progress=None, solver: str = "cbc",
+                gap: float = 0.0):
+    """Returns (offsets, stats).  ``buffers`` must already be validated plain ints.  When
+    minimising, the search stops once the arena is within ``gap`` (a fraction) of the peak of
+    live bytes."""
     say = progress or (lambda _m: None)
     t_start = time.perf_counter()
     n = len(buffers)
@@ -259,7 +269,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     lb = peak_live(buffers)
     budget = default_time_limit(len(active)) if time_limit is None else max(float(time_limit), 0.0)
     deadline = t_start + budget
-    stats: dict = {"lower_bound": lb, "time_limit": round(budget, 3)}
+    stats: dict = {"lower_bound": lb, "time_limit": round(budget, 3), "gap": gap}
     fallback: list[str] = []
 
     # 1. heuristics (also the baselines of the report)
@@ -310,6 +320,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     stats["subproblems"] = len(comps)
     minimise = capacity is None
     target = lb if minimise else int(capacity)
+    good = target + int(target * gap) if minimise else target
     # per piece, the best heuristic restricted to the piece (pieces never interact)
     piece_off: list[list[int]] = []
     for comp in comps:
@@ -322,7 +333,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
                 best_local = (h, local)
         piece_off.append(best_local[1])
     todo = [k for k, comp in enumerate(comps)
-            if height_of([buffers[i] for i in comp], piece_off[k]) > target]
+            if height_of([buffers[i] for i in comp], piece_off[k]) > good]
     if not minimise and lb > target:
         fallback.append(f"capacity {target} is below the peak of live bytes {lb}")
         todo = []
@@ -331,7 +342,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     if todo:
         say(f"layout: exact search on {len(todo)} of {len(comps)} independent piece(s)")
         todo.sort(key=lambda k: -len(comps[k]))
-        results_by_piece = _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs,
+        results_by_piece = _solve_pieces(buffers, comps, piece_off, todo, target, good, deadline, jobs,
                                          minimise, say, solver)
         for k, (off, info) in results_by_piece.items():
             piece_off[k] = off
@@ -341,7 +352,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
             elif milp.failed(info.get("ilp", {}).get("status", "optimal")):
                 fallback.append(f"ILP on a piece of {info['buffers']} buffers: {info['ilp']['status']}; "
                                 "kept the search's layout")
-            elif info["status"] not in ("optimal",) and info["height"] > target:
+            elif info["status"] not in ("optimal",) and info["height"] > good:
                 last = info["probes"][-1]["status"] if info["probes"] else "no time"
                 fallback.append(f"piece of {info['buffers']} buffers: search {last}, "
                                 f"kept height {info['height']} (target {target})")
@@ -372,7 +383,7 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
     return offsets, stats
 
 
-def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minimise, say, solver):
+def _solve_pieces(buffers, comps, piece_off, todo, target, good, deadline, jobs, minimise, say, solver):
     out = {}
     jobs = max(1, int(jobs or 1))
     if jobs > 1 and len(todo) > 1:
@@ -387,7 +398,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
                 sub = [buffers[i] for i in comps[k]]
                 lb = peak_live(sub)
                 p = ctx.Process(target=_piece_worker,
-                                args=(q, k, sub, piece_off[k], target, lb, deadline, minimise, solver),
+                                args=(q, k, sub, piece_off[k], target, good, lb, deadline, minimise, solver),
                                 daemon=True)
                 p.start()
                 running[k] = p
@@ -415,7 +426,7 @@ def _solve_pieces(buffers, comps, piece_off, todo, target, deadline, jobs, minim
         piece_deadline = time.perf_counter() + max(left / (len(todo) - idx), 0.0)
         say(f"layout: piece {idx + 1}/{len(todo)}: {len(sub)} buffers, peak live {lb}")
         try:
-            out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say, solver)
+            out[k] = solve_piece(sub, piece_off[k], target, lb, piece_deadline, jobs, minimise, say, solver, good)
         except Exception as e:
             out[k] = (piece_off[k], _error_info(sub, piece_off[k], f"search failed: {type(e).__name__}: {e}"))
     return out
@@ -427,9 +438,9 @@ def _error_info(sub, off, why):
             "nodes": 0, "error": why}
 
 
-def _piece_worker(q, k, sub, off, target, lb, deadline, minimise, solver):
+def _piece_worker(q, k, sub, off, target, good, lb, deadline, minimise, solver):
     try:
-        res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None, solver)
+        res = solve_piece(sub, off, target, lb, deadline, 1, minimise, lambda _m: None, solver, good)
         q.put((k, res[0], res[1]))
     except BaseException as e:
         q.put((k, off, {**_error_info(sub, off, f"search failed: {type(e).__name__}: {e}"),

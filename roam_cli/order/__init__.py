@@ -56,9 +56,10 @@ def baselines(mm: MemoryModel, op_types: list[str]) -> dict[str, dict]:
 
 def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None = None,
           time_limit: float | None = None, jobs: int = 1, solver: str = "cbc",
-          measured: dict[str, dict] | None = None, progress=None) -> tuple[list[int], dict]:
+          measured: dict[str, dict] | None = None, progress=None, gap: float = 0.0) -> tuple[list[int], dict]:
     """(order, stats) for `strategy`. `measured` are baselines already computed in this run
-    (`baselines()`): roam starts from them and never returns a worse order."""
+    (`baselines()`): roam starts from them and never returns a worse order. roam stops searching
+    once its order is within `gap` (a fraction) of its lower bound."""
     op_types = op_types if op_types is not None else [""] * mm.num_nodes
     seconds = time_limit if time_limit is not None else DEFAULT_SECONDS
     if strategy in BASELINES:
@@ -75,14 +76,14 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
         measured = measured if measured is not None else baselines(mm, op_types)
         deadline = time.perf_counter() + seconds
         found, stats = roam_mod.order(problem, {k: v["order"] for k, v in measured.items()}, deadline, jobs,
-                                      solver, progress)
+                                      solver, progress, gap)
         best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
         if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
             found = measured[best_baseline]["order"]
         out = {"solver": solver, "reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
                "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
                # an order at the proven bound is optimal, whichever of roam's or a baseline's it is
-               "proven_optimal": stats.proven_optimal or peak_of(mm, found) <= stats.lower_bound,
+               "proven_optimal": stats.proven_optimal or peak_of(mm, found) <= stats.lower_bound, "gap": gap,
                "repairs": stats.repairs, "tree_passes": stats.passes,
                "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
                "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused,

@@ -93,8 +93,9 @@ def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[in
 
 
 def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1, solver: str = "cbc",
-          progress=None) -> tuple[list[int], Stats]:
-    """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`)."""
+          progress=None, gap: float = 0.0) -> tuple[list[int], Stats]:
+    """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`).
+    The search stops at the deadline, or once the peak is within `gap` (a fraction) of the bound."""
     say = progress or (lambda message: None)
     stats = Stats()
     say("roam: applying the reduction rules")
@@ -119,7 +120,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, bound, start, deadline, solver, jobs, pool, stats, say)
+        search = Search(rp, bound, start, deadline, solver, jobs, pool, stats, say, gap)
         best = search.run()
     return red.expand(best), stats
 
@@ -128,8 +129,8 @@ class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
     def __init__(self, rp: Problem, bound: bounds.Bound, start: list[int], deadline: float,
-                 solver: str, jobs: int, pool, stats: Stats, say):
-        self.rp, self.bound, self.current, self.deadline = rp, bound, start, deadline
+                 solver: str, jobs: int, pool, stats: Stats, say, gap: float = 0.0):
+        self.rp, self.bound, self.current, self.deadline, self.gap = rp, bound, start, deadline, gap
         self.solver, self.jobs, self.pool, self.stats, self.say = solver, jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
@@ -146,7 +147,7 @@ class Search:
         while time.perf_counter() < self.deadline:
             steps = profile(rp, self.current)
             top = max(steps, default=0)
-            if top <= stats.lower_bound:
+            if top <= stats.lower_bound + int(stats.lower_bound * self.gap):
                 break
             if self.repair():
                 continue

@@ -200,14 +200,23 @@ def order_bound(plan: dict) -> dict | None:
         return None
     bound, peak = stats["lower_bound_bytes"], plan["peak_live_bytes"]
     proven = stats.get("proven_optimal", False) or peak <= bound
-    return {"lower_bound_bytes": bound, "proven_optimal": proven,
-            "gap": 0.0 if proven or not bound else peak / bound - 1}
+    found = {"lower_bound_bytes": bound, "proven_optimal": proven,
+             "gap": 0.0 if proven or not bound else peak / bound - 1}
+    if stats.get("gap") and not proven:  # optimize --gap stopped the search there
+        found["stop_gap"] = stats["gap"]
+    return found
+
+
+def share(x: float) -> str:
+    """A fraction as a percentage, with two significant digits below 1 % (0.036%, not 0.0%)."""
+    return f"{x:.1%}" if x >= 0.01 or x == 0 else f"{100 * x:.2g}%"
 
 
 def order_bound_line(b: dict) -> str:
     if b["proven_optimal"]:
         return f"proven optimal (bound {format_bytes(b['lower_bound_bytes'])})"
-    return f"within {b['gap']:.1%} of optimal (bound {format_bytes(b['lower_bound_bytes'])})"
+    stop = f"; the search stopped within --gap {share(b['stop_gap'])}" if "stop_gap" in b else ""
+    return f"within {share(b['gap'])} of optimal (bound {format_bytes(b['lower_bound_bytes'])}{stop})"
 
 
 FALLBACK_NOTE = "fell back (the plan is valid, perhaps not the best) — "
