@@ -71,10 +71,11 @@ def annotate(model: onnx.ModelProto, graph: Graph, plan: dict, source: Path, out
 
     io = {vi.name: vi for vi in list(g.input) + list(g.output)}
     infos = {vi.name: vi for vi in g.value_info}
+    weights = {i.name for i in g.initializer}
     for t in plan["tensors"]:
         vi = io.get(t["name"]) or infos.get(t["name"])
         if vi is None:
-            if t["name"] in {i.name for i in g.initializer}:
+            if t["name"] in weights:
                 continue
             v = graph.values[t["name"]]
             vi = g.value_info.add()
