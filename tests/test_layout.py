@@ -201,6 +201,18 @@ def test_independent_pieces_are_split_and_solved():
     assert placed.stats["subproblems"] == len(comps)
 
 
+def test_the_heuristics_give_the_same_layouts_in_parallel():
+    from roam_cli.layout.roam import PARALLEL_HEURISTICS, _run_heuristics
+    rng = random.Random(7)
+    buffers = []
+    for _ in range(PARALLEL_HEURISTICS):
+        lo = rng.randrange(1000)
+        buffers.append((lo, lo + rng.randint(1, 50), rng.randint(1, 4096)))
+    alone = [(name, off, failure) for name, off, failure, _ in _run_heuristics(buffers, 1)]
+    assert [(name, off, failure) for name, off, failure, _ in _run_heuristics(buffers, 2)] == alone
+    assert all(failure is None for _, _, failure in alone)
+
+
 def test_parallel_jobs_give_valid_optimal_layouts():
     import time
 

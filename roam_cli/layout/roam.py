@@ -255,6 +255,34 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
 
 
 # ------------------------------------------------------------------ entry point
+HEURISTICS = {
+    "first-fit": first_fit,
+    "best-fit": heuristics.best_fit,
+    "greedy-size": heuristics.greedy_size,
+    "first-fit-by-size": heuristics.first_fit_sizes,
+    "first-fit-by-lifetime": heuristics.first_fit_long,
+}
+PARALLEL_HEURISTICS = 2000  # buffers from which the heuristics run in parallel (each O(n^2) numpy)
+
+
+def _heuristic(name: str, buffers) -> tuple[str, list[int] | None, str | None, float]:
+    """(name, offsets or None, why it failed or None, seconds) of one heuristic."""
+    t = time.perf_counter()
+    try:
+        return name, HEURISTICS[name](buffers), None, time.perf_counter() - t
+    except Exception as e:
+        return name, None, f"{type(e).__name__}: {e}", time.perf_counter() - t
+
+
+def _run_heuristics(buffers, jobs: int) -> list[tuple[str, list[int] | None, str | None, float]]:
+    """Every heuristic on ``buffers``, in HEURISTICS order; in ``jobs`` forked processes on
+    large instances (70B-class steps: seconds each)."""
+    if jobs <= 1 or len(buffers) < PARALLEL_HEURISTICS or "fork" not in mp.get_all_start_methods():
+        return [_heuristic(name, buffers) for name in HEURISTICS]
+    with mp.get_context("fork").Pool(min(jobs, len(HEURISTICS))) as pool:
+        return pool.starmap(_heuristic, [(name, buffers) for name in HEURISTICS])
+
+
 def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | None = None,
                 jobs: int = 1, capacity: int | None = None, progress=None, solver: str = "cbc",
                 gap: float = 0.0):
@@ -274,26 +302,15 @@ def roam_layout(buffers: Sequence[tuple[int, int, int]], *, time_limit: float | 
 
     # 1. heuristics (also the baselines of the report)
     say(f"layout: heuristics on {len(active)} buffers")
-    cands = {
-        "first-fit": first_fit,
-        "best-fit": heuristics.best_fit,
-        "greedy-size": heuristics.greedy_size,
-        "first-fit-by-size": heuristics.first_fit_sizes,
-        "first-fit-by-lifetime": heuristics.first_fit_long,
-    }
     sub_all = [buffers[i] for i in active]
     results = {}
     baselines = []
-    for name, fn in cands.items():
-        t = time.perf_counter()
-        try:
-            off = fn(sub_all)
-        except Exception as e:  # a broken heuristic must not take roam down
-            fallback.append(f"heuristic {name} failed: {type(e).__name__}: {e}")
+    for name, off, failure, seconds in _run_heuristics(sub_all, jobs):
+        if failure:  # a broken heuristic must not take roam down
+            fallback.append(f"heuristic {name} failed: {failure}")
             continue
         results[name] = off
-        baselines.append({"strategy": name, "arena_bytes": height_of(sub_all, off),
-                          "seconds": round(time.perf_counter() - t, 4)})
+        baselines.append({"strategy": name, "arena_bytes": height_of(sub_all, off), "seconds": round(seconds, 4)})
     if not results:
         raise RuntimeError("every layout heuristic failed: " + "; ".join(fallback))
     # the runtime allocators, replayed, as baselines only (their own figures)
