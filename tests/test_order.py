@@ -14,9 +14,10 @@ from order_cases import random_graph
 from roam_cli import order
 from roam_cli.core import memory
 from roam_cli.frontend.onnx_import import import_model
+from roam_cli.frontend.providers import TRAINING_OPS
 from roam_cli.order import bounds, roam as roam_mod, tails
 from roam_cli.order.greedy import dfs_schedule, list_schedule
-from roam_cli.order.ort import ort_default
+from roam_cli.order.ort import installed_training_build, ort_default
 from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak, reachability
 
 
@@ -36,6 +37,11 @@ def test_ort_order_is_a_reverse_dfs_with_shape_ops_moved_after_their_input(tmp_p
     op_types = [n.op_type for n in graph.nodes]
     assert ort_default(list(mm.preds), op_types, training_build=True) == [2, 0, 1, 3, 4, 5]
     assert ort_default(list(mm.preds), op_types, training_build=False) == [2, 0, 3, 4, 1, 5]  # post-order
+
+
+def test_the_training_build_read_from_metadata_is_the_runtime_s_own():
+    # the order stage reads it without importing onnxruntime (which imports torch in a training build)
+    assert installed_training_build() == TRAINING_OPS
 
 
 def test_ort_order_matches_onnx_runtime_profiling(tmp_path):
@@ -165,3 +171,5 @@ def test_a_tail_runs_where_its_peak_fits():
     assert placement.schedule(140, cutoff=120) == ([0, 1, 2, 3, 4], 101)
     order_, best = tails.improve(problem, reference, desc, 100, 151, tail_descendants=1)
     assert best == 101 == peak(problem, order_) and is_topological(problem, order_)
+    # a gap that the reference's 151 is within (100 + 60 % of 100): nothing is scheduled
+    assert tails.improve(problem, reference, desc, 100, 151, tail_descendants=1, gap=0.6) == (reference, 151)

@@ -12,12 +12,27 @@ Cross-checked against ORT 1.19 (training) and 1.32 profiling (`benchmarks/ort_or
 memory model's constraints: data edges plus the in-place rules, which ORT does not need because
 it does not update declared state in place; on graphs without such rules they are ORT's edges."""
 
-from roam_cli.frontend.providers import TRAINING_OPS
+import importlib.metadata
 
 SHAPE_OPS = ("Shape", "Size")
 
 
-def ort_default(preds: list[tuple[int, ...]], op_types: list[str], training_build: bool = TRAINING_OPS) -> list[int]:
+def installed_training_build() -> bool:
+    """Whether the installed ONNX Runtime is a training build, read from the packages' metadata:
+    importing onnxruntime-training imports torch where torch is installed (seconds per command)."""
+    for package in ("onnxruntime-training", "onnxruntime-training-cpu"):
+        try:
+            importlib.metadata.distribution(package)
+            return True
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return False
+
+
+TRAINING_BUILD = installed_training_build()
+
+
+def ort_default(preds: list[tuple[int, ...]], op_types: list[str], training_build: bool = TRAINING_BUILD) -> list[int]:
     n = len(preds)
     has_user = [False] * n
     for ps in preds:

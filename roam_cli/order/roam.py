@@ -115,7 +115,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     stats.reference = min(repaired, key=lambda name: (peak(rp, repaired[name][0]), name))
     start, stats.repairs = repaired[stats.reference]
     stats.lower_bound = bound.raised(start)
-    placed, placed_peak = tails.improve(rp, start, desc, stats.lower_bound, peak(rp, start))
+    placed, placed_peak = tails.improve(rp, start, desc, stats.lower_bound, peak(rp, start), gap=gap)
     if placed_peak < peak(rp, start):
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)

@@ -146,16 +146,17 @@ class Tails:
 
 
 def improve(problem: Problem, reference: list[int], desc: list[int], lower: int, reference_peak: int,
-            tail_descendants: int = TAIL_DESCENDANTS) -> tuple[list[int], int]:
+            tail_descendants: int = TAIL_DESCENDANTS, gap: float = 0.0) -> tuple[list[int], int]:
     """The best of the reference and the tail schedules for targets bisected in [lower,
-    reference_peak]: a schedule above the bracket's top means the target let the tails pile up."""
+    reference_peak]: a schedule above the bracket's top means the target let the tails pile up.
+    A peak within `gap` (a fraction) of `lower` ends the bisection."""
     tails = Tails(problem, reference, desc, tail_descendants)
     best, best_peak = reference, reference_peak
     if not tails.tails:
         return best, best_peak
     low, high = lower, reference_peak
     for _ in range(TARGET_TRIES):
-        if high - low <= high // 1000:
+        if high - low <= high // 1000 or best_peak <= lower + int(lower * gap):
             break
         target = (low + high) // 2
         found, found_peak = tails.schedule(target, cutoff=high)
