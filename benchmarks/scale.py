@@ -11,7 +11,7 @@ with `roam_cli.frontend.torch_export`, then `make-training-graph --backend ort-a
 `<cache>/<model>/full_step.onnx` (default cache /work/scale_cache; a step already there is kept).
 `--route roam` makes `roam_step.onnx` with roam's own backward in standard ONNX instead.
 
-Each plan is one `roam optimize STEP -o PLAN --jobs 2 --recompute MODE` command under
+Each plan is one `roam optimize STEP -o PLAN --jobs 2 --recompute MODE --gap GAP` command under
 `/usr/bin/time -v` (wall time, CPU time of the command and its workers, peak RSS; on a shared
 machine the CPU time is the figure that compares runs); the table prints peak live bytes, the order's lower
 bound and the gap to it, the layout's fragmentation (arena / peak live - 1), and `roam verify`."""
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import platform
 import re
@@ -139,10 +140,12 @@ def timed(*args: str) -> tuple[int, str, float, float, float]:
     return run.returncode, message.strip(), wall, cpu, int(rss.group(1)) / 2**20 if rss else float("nan")
 
 
-def plan(step: Path, folder: Path, mode: str, jobs: int) -> dict:
-    out = folder / f"{step.parent.name}-{step.stem}-{mode}.json"
-    code, message, wall, cpu, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode)
-    row = {"mode": mode, "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1), "rss_gib": round(rss, 2)}
+def plan(step: Path, folder: Path, mode: str, jobs: int, stop_gap: str) -> dict:
+    out = folder / f"{step.parent.name}-{step.stem}-{mode}-{stop_gap}.json"
+    code, message, wall, cpu, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode,
+                                          "--gap", stop_gap)
+    row = {"mode": mode, "stop_gap": float(stop_gap), "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
+           "rss_gib": round(rss, 2)}
     if code != 0:
         return row | {"failed": message.splitlines()[-1] if message else f"exit {code}"}
     p = json.loads(out.read_text())
@@ -164,9 +167,10 @@ def gib(n) -> str:
 
 def row_md(name: str, r: dict) -> str:
     if "failed" in r:
-        return f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | failed: {r['failed']} | | | | | |"
+        return (f"| {name} | {r['mode']} | {r['stop_gap']:g} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | "
+                f"failed: {r['failed']} | | | | | |")
     gap = "proven optimal" if r["proven"] else ("–" if r["gap"] is None else f"within {100 * r['gap']:.2f} %")
-    return (f"| {name} | {r['mode']} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | {r['nodes']:,} (+{r['nodes_added']:,}) | "
+    return (f"| {name} | {r['mode']} | {r['stop_gap']:g} | {r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | {r['nodes']:,} (+{r['nodes_added']:,}) | "
             f"{gib(r['peak_live_bytes'])} | {gib(r['bound_bytes'])} | {gap} | {100 * r['fragmentation']:.3f} % | "
             f"{'yes' if r['verified'] else 'NO'} |")
 
@@ -179,6 +183,7 @@ def main(argv=None) -> int:
                     help="ort: ORT's fused artifacts (default); roam: roam's own backward, standard ONNX")
     ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
     ap.add_argument("--modes", default="off,free")
+    ap.add_argument("--gaps", default="0", help="comma-separated values of optimize --gap")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--json", dest="json_out", type=Path)
     args = ap.parse_args(argv)
@@ -188,15 +193,15 @@ def main(argv=None) -> int:
             print(build(spec, args.cache, args.route))
         return 0
     rows = []
-    print("| step | recompute | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
+    print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         for spec in specs:
             step = args.cache / spec.name / STEP[args.route]
             if not step.exists():
                 raise SystemExit(f"{step} is missing: make it with --build (in /work/venvs/exporters)")
-            for mode in args.modes.split(","):
-                r = plan(step, Path(tmp), mode, args.jobs) | {"step": spec.name, "route": args.route}
+            for mode, stop_gap in itertools.product(args.modes.split(","), args.gaps.split(",")):
+                r = plan(step, Path(tmp), mode, args.jobs, stop_gap) | {"step": spec.name, "route": args.route}
                 rows.append(r)
                 print(row_md(spec.name, r), flush=True)
                 if args.json_out:  # after every row: a 405B-class run takes many minutes
