@@ -183,11 +183,10 @@ def decide(sub, target, deadline, jobs=1, rankings=DEFAULT_HEURISTICS, cs=None):
 
 
 # ------------------------------------------------------------------ one piece
-def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver, good=None):
+def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver, good):
     """Improve the incumbent ``best_off`` of one independent piece, until its height is at most
-    ``good`` (default ``target``).  Returns (offsets, info)."""
+    ``good`` (``target``, or within the gap above it).  Returns (offsets, info)."""
     t0 = time.perf_counter()
-    good = target if good is None else good
     best_h = height_of(sub, best_off)
     info = {"buffers": len(sub), "lower_bound": lb, "heuristic": best_h, "nodes": 0, "probes": []}
     status_final = "heuristic"
