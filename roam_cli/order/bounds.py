@@ -139,3 +139,8 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
     flow = net.max_flow(source, sink)
     reached = net.reachable(source)
     return problem.base + constant + flow, [w for w in range(n) if before_v[w] or (w in index and reached[index[w]])]
+
+
+def within_gap(bound: int, gap: float) -> int:
+    """The highest peak that `--gap` (a fraction of the bound) accepts without a proof."""
+    return bound + int(bound * gap)

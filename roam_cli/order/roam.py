@@ -147,7 +147,7 @@ class Search:
         while time.perf_counter() < self.deadline:
             steps = profile(rp, self.current)
             top = max(steps, default=0)
-            if top <= stats.lower_bound + int(stats.lower_bound * self.gap):
+            if top <= bounds.within_gap(stats.lower_bound, self.gap):
                 break
             if self.repair():
                 continue

@@ -19,6 +19,7 @@ peak and keeps the best order it saw."""
 
 import heapq
 
+from roam_cli.order.bounds import within_gap
 from roam_cli.order.problem import Problem
 
 TAIL_DESCENDANTS = 64  # fewer descendants than this: a tail node (an update chain has about 12)
@@ -156,7 +157,7 @@ def improve(problem: Problem, reference: list[int], desc: list[int], lower: int,
         return best, best_peak
     low, high = lower, reference_peak
     for _ in range(TARGET_TRIES):
-        if high - low <= high // 1000 or best_peak <= lower + int(lower * gap):
+        if high - low <= high // 1000 or best_peak <= within_gap(lower, gap):
             break
         target = (low + high) // 2
         found, found_peak = tails.schedule(target, cutoff=high)
