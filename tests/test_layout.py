@@ -294,3 +294,19 @@ def test_c_search_visits_the_same_nodes_as_the_python_reference():
     # the hand-checked instance: both engines prove 30 infeasible in the same nodes
     cs = CanonicalSearch(ABOVE_BOUND)
     assert _decide(cs, 30, "TWA", None, None, "c") == _decide(cs, 30, "TWA", None, None, "python")
+
+
+def test_c_overlaps_are_the_python_references():
+    from array import array
+
+    from roam_cli.layout.search import overlaps_of
+    _search = pytest.importorskip("roam_cli.layout._search")  # an install without it has only the reference
+    rng = random.Random(11)
+    for _ in range(200):
+        lowers = [rng.randint(0, 30) for _ in range(rng.randint(0, 40))]
+        uppers = [lo + rng.randint(1, 10) for lo in lowers]
+        starts, ovl = (array("q", a) for a in _search.overlaps(array("q", lowers), array("q", uppers)))
+        assert [list(ovl[starts[i]:starts[i + 1]]) for i in range(len(lowers))] == overlaps_of(lowers, uppers)
+    # hand-checked: [0,2) meets [1,3); [1,3) meets both; [2,4) meets [1,3) only (half-open)
+    starts, ovl = (array("q", a) for a in _search.overlaps(array("q", [0, 1, 2]), array("q", [2, 3, 4])))
+    assert list(starts) == [0, 1, 3, 4] and list(ovl) == [1, 0, 2, 1]

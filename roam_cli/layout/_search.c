@@ -44,11 +44,12 @@ typedef struct {
     /* the state of the search */
     i64 *minoff, *top, *offset, *total, *cuts, *witness;
     char *placed, *fixed;
-    /* undo: one (buffer, offset, first change) per placement; changes are (buffer, old minoff) */
+    /* undo: one (buffer, offset, first change) per placement; changes are (buffer, old minoff),
+     * grown as needed (sized to every overlap, they were gigabytes on a 70B-class step) */
     i64 *trail_b, *trail_x, *trail_changes;
     Py_ssize_t trail_len;
     i64 *change_o, *change_old;
-    Py_ssize_t change_len;
+    Py_ssize_t change_len, change_cap;
     i64 *arena;
     Py_ssize_t arena_len, arena_cap;
     i64 nodes, backtracks, node_limit;
@@ -67,6 +68,20 @@ static Py_ssize_t push(Search *s, Py_ssize_t k) {
     Py_ssize_t at = s->arena_len;
     s->arena_len += k;
     return at;
+}
+
+/* Room for k more changes on the undo trail; 0 when out of memory. */
+static int reserve_changes(Search *s, Py_ssize_t k) {
+    if (s->change_len + k <= s->change_cap) return 1;
+    Py_ssize_t cap = 2 * (s->change_len + k);
+    i64 *o = realloc(s->change_o, (size_t)cap * sizeof(i64));
+    if (!o) return 0;
+    s->change_o = o;
+    i64 *old = realloc(s->change_old, (size_t)cap * sizeof(i64));
+    if (!old) return 0;
+    s->change_old = old;
+    s->change_cap = cap;
+    return 1;
 }
 
 static int past_deadline(const Search *s) {
@@ -259,6 +274,7 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
             if (x + max_total(s, lo_b, hi_b) - sz > C) continue;
         }
         i64 t = x + sz, rlo = lo_b, rhi = hi_b;
+        if (!reserve_changes(s, (Py_ssize_t)(s->ovl_start[b + 1] - s->ovl_start[b]))) return NO_MEMORY;
         /* ---- place b at x */
         s->trail_b[s->trail_len] = b, s->trail_x[s->trail_len] = x;
         s->trail_changes[s->trail_len++] = s->change_len;
@@ -404,12 +420,12 @@ static PyObject *run(PyObject *self, PyObject *args) {
     s.deadline.tv_sec += (time_t)whole;
     s.deadline.tv_nsec += (long)((whole - (double)(time_t)whole) * 1e9);
     if (s.deadline.tv_nsec >= 1000000000L) s.deadline.tv_sec += 1, s.deadline.tv_nsec -= 1000000000L;
-    size_t nn = (size_t)n + 1, ns = (size_t)S + 1, nchanges = (size_t)in.ovl.len / 8 + 1;
+    size_t nn = (size_t)n + 1, ns = (size_t)S + 1;
     s.minoff = malloc(nn * 8), s.top = malloc(nn * 8), s.offset = calloc(nn, 8);
     s.total = calloc(ns, 8), s.cuts = calloc(ns, 8), s.witness = malloc(ns * 8);
     s.placed = calloc(nn, 1), s.fixed = calloc(nn, 1), s.tnow = malloc(nn * 8);
     s.trail_b = malloc(nn * 8), s.trail_x = malloc(nn * 8), s.trail_changes = malloc(nn * 8);
-    s.change_o = malloc(nchanges * 8), s.change_old = malloc(nchanges * 8);
+    s.change_cap = 1024, s.change_o = malloc(1024 * 8), s.change_old = malloc(1024 * 8);
     int status = NO_MEMORY;
     if (!(s.minoff && s.top && s.offset && s.total && s.cuts && s.witness && s.placed && s.fixed && s.tnow &&
           s.trail_b && s.trail_x && s.trail_changes && s.change_o && s.change_old))
@@ -472,8 +488,74 @@ done:
     return result;
 }
 
+/* overlaps(lowers, uppers) -> (ovl_start, ovl): search.py's overlaps_of, as the int64 arrays run()
+ * takes (bytes), built without Python lists: the buffers overlapping buffer i in time are
+ * ovl[ovl_start[i] : ovl_start[i+1]], in overlaps_of's order (those met earlier in the sweep by
+ * lower end, then those met later).  Two sweeps: one counts, one fills. */
+static const i64 *sweep_lowers; /* qsort's comparator has no context argument; we hold the GIL */
+
+static int by_lower(const void *pa, const void *pb) {
+    i64 a = *(const i64 *)pa, b = *(const i64 *)pb;
+    if (sweep_lowers[a] != sweep_lowers[b]) return sweep_lowers[a] < sweep_lowers[b] ? -1 : 1;
+    return a < b ? -1 : a > b;
+}
+
+static void sweep(const i64 *order, Py_ssize_t n, const i64 *lowers, const i64 *uppers, i64 *active,
+                  i64 *pos, i64 *ovl) {
+    Py_ssize_t nactive = 0;
+    for (Py_ssize_t k = 0; k < n; ++k) {
+        i64 i = order[k], lo = lowers[i];
+        Py_ssize_t kept = 0;
+        for (Py_ssize_t a = 0; a < nactive; ++a)
+            if (uppers[active[a]] > lo) active[kept++] = active[a];
+        nactive = kept;
+        for (Py_ssize_t a = 0; a < nactive; ++a) {
+            i64 j = active[a];
+            if (ovl) ovl[pos[i]] = j, ovl[pos[j]] = i;
+            pos[i] += 1, pos[j] += 1;
+        }
+        active[nactive++] = i;
+    }
+}
+
+static PyObject *overlaps(PyObject *self, PyObject *args) {
+    Py_buffer lo_buf, hi_buf;
+    if (!PyArg_ParseTuple(args, "y*y*", &lo_buf, &hi_buf)) return NULL;
+    PyObject *result = NULL, *starts = NULL, *ovl = NULL;
+    Py_ssize_t n = lo_buf.len / 8;
+    const i64 *lowers = lo_buf.buf, *uppers = hi_buf.buf;
+    i64 *order = malloc((size_t)(n + 1) * 8), *active = malloc((size_t)(n + 1) * 8), *pos = calloc((size_t)n + 1, 8);
+    if (hi_buf.len != lo_buf.len) {
+        PyErr_SetString(PyExc_ValueError, "_search.overlaps: lowers and uppers differ in length");
+        goto done;
+    }
+    if (!order || !active || !pos) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t i = 0; i < n; ++i) order[i] = i;
+    sweep_lowers = lowers;
+    qsort(order, (size_t)n, sizeof(i64), by_lower);
+    sweep(order, n, lowers, uppers, active, pos, NULL); /* pos[i]: i's overlaps */
+    starts = PyBytes_FromStringAndSize(NULL, (n + 1) * 8);
+    if (!starts) goto done;
+    i64 *start = (i64 *)PyBytes_AS_STRING(starts);
+    start[0] = 0;
+    for (Py_ssize_t i = 0; i < n; ++i) start[i + 1] = start[i] + pos[i], pos[i] = start[i];
+    ovl = PyBytes_FromStringAndSize(NULL, start[n] * 8);
+    if (!ovl) goto done;
+    sweep(order, n, lowers, uppers, active, pos, (i64 *)PyBytes_AS_STRING(ovl));
+    result = PyTuple_Pack(2, starts, ovl);
+done:
+    Py_XDECREF(starts), Py_XDECREF(ovl);
+    free(order), free(active), free(pos);
+    PyBuffer_Release(&lo_buf), PyBuffer_Release(&hi_buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS, "The canonical layout search (see roam_cli/layout/search.py)."},
+    {"overlaps", overlaps, METH_VARARGS, "The overlaps of buffers in time (see search.py's overlaps_of)."},
     {NULL, NULL, 0, NULL},
 };
 

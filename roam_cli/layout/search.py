@@ -499,18 +499,15 @@ class CanonicalSearch:
     def prepare(self) -> None:
         """Build the search's arrays now (a caller about to fork workers shares them)."""
         self._section_cuts()
-        if self._arrays is None:
-            mem_start = array("q", [0])
-            for m in self.members:
-                mem_start.append(mem_start[-1] + len(m))
-            # the lists are not kept: the arrays hold them, in a quarter of the memory
-            ovl = self.ovl if self.ovl is not None else overlaps_of(self.lowers, self.uppers)
-            ovl_start = array("q", [0])
-            for o in ovl:
-                ovl_start.append(ovl_start[-1] + len(o))
-            self._arrays = (array("q", self.size), array("q", self.slo), array("q", self.shi),
-                            mem_start, array("q", [i for m in self.members for i in m]),
-                            ovl_start, array("q", [j for o in ovl for j in o]))
+        if _search is None or self._arrays is not None:
+            return
+        mem_start = array("q", [0])
+        for m in self.members:
+            mem_start.append(mem_start[-1] + len(m))
+        # built in C, never as lists: 28 million overlaps on a 70B-class step
+        ovl_start, ovl = _search.overlaps(array("q", self.lowers), array("q", self.uppers))
+        self._arrays = (array("q", self.size), array("q", self.slo), array("q", self.shi),
+                        mem_start, array("q", [i for m in self.members for i in m]), ovl_start, ovl)
 
     def _solve_c(self, C, order, rank, twin_prev, fixed, node_limit, deadline, weights, cols, dynamic):
         """The same search in C: the problem goes over as int64 arrays (built once)."""
