@@ -5,10 +5,12 @@
  * tests compare the two.  search.py documents the algorithm; comments here say only what the
  * C version does differently to get the same result:
  *
- * - Lists become flat int64 arrays in one growable stack ("arena"): a node's component, its
- *   candidates and its children's components live above its caller's and are popped when the
- *   node returns, so memory is the depth of the search, not its size.  The arena may move when
- *   it grows, so positions in it are indices, never pointers kept across a call.
+ * - Lists become flat int64 arrays in one growable stack ("arena"): a node's candidates live
+ *   above its caller's and are popped when the node returns; its child's component is its own
+ *   with the placed buffer taken out in place (and put back on failure), so memory is the depth
+ *   of the search times its candidates, not the depth times the component.  A split copies the
+ *   component into its groups.  The arena may move when it grows, so positions in it are
+ *   indices, never pointers kept across a call.
  * - Sections whose witness was the placed buffer are found by scanning the buffer's own
  *   sections (a witness is always a member of its section), so no per-buffer sets are needed.
  * - Aborts (node limit, deadline, Ctrl-C) are return codes, not exceptions; the state is left
@@ -162,9 +164,10 @@ static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_s
                         Py_ssize_t nsplits, i64 s0, i64 s1, i64 x) {
     Py_ssize_t mark = s->arena_len, ngroups = nsplits + 1;
     /* per group: size, first position in rest[], fill position; then the group order; then
-     * the members grouped; then each member's group */
+     * the members grouped; then room for a group's old ranks; then each member's group, popped
+     * once the members are grouped */
     Py_ssize_t count_at = push(s, 3 * ngroups), order_at = push(s, ngroups), grouped_at = push(s, rest_len),
-               gid_at = push(s, rest_len), old_at = push(s, rest_len);
+               old_at = push(s, rest_len), gid_at = push(s, rest_len);
     if (count_at < 0 || order_at < 0 || grouped_at < 0 || gid_at < 0 || old_at < 0) return NO_MEMORY;
     i64 *a = s->arena, *count = a + count_at, *first = count + ngroups, *fill = first + ngroups;
     for (Py_ssize_t g = 0; g < ngroups; ++g) count[g] = 0, first[g] = -1;
@@ -184,6 +187,7 @@ static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_s
         used += count[g];
     }
     for (Py_ssize_t k = 0; k < rest_len; ++k) a[grouped_at + fill[a[gid_at + k]]++] = a[rest_at + k];
+    s->arena_len = gid_at;
     /* the non-empty groups by (size descending, first appearance): insertion sort, few groups */
     Py_ssize_t norder = 0;
     for (Py_ssize_t g = 0; g < ngroups; ++g) {
@@ -251,6 +255,7 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
         i64 *slot = a + cand_at + 3 * j;
         slot[0] = minoff[b], slot[1] = rank[b], slot[2] = b;
     }
+    s->arena_len = cand_at + 3 * ncand; /* what the children use starts here */
     i64 big = total[s0], smax = s0;
     for (i64 k = s0 + 1; k < s1; ++k)
         if (total[k] > big) big = total[k], smax = k;
@@ -334,18 +339,22 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
                 s->arena_len = mark;
                 return FOUND;
             }
-            Py_ssize_t rest_at = push(s, comp_len - 1);
-            if (rest_at < 0) return NO_MEMORY;
-            a = s->arena;
-            Py_ssize_t j = rest_at;
-            for (Py_ssize_t k = 0; k < comp_len; ++k)
-                if (a[comp_at + k] != b) a[j++] = a[comp_at + k];
-            int r = nsplits ? split_search(s, rest_at, comp_len - 1, splits_at, nsplits, s0, s1, x)
-                            : search(s, rest_at, comp_len - 1, s0, s1, x, rank[b]);
+            /* the rest is the component without b, in place and in order (a copy per node made
+             * the memory quadratic in the depth: 4 GB per worker on a 405B-class step); b goes
+             * back when its subtree fails */
+            i64 *comp = s->arena + comp_at;
+            Py_ssize_t p = 0;
+            while (comp[p] != b) ++p;
+            memmove(comp + p, comp + p + 1, (size_t)(comp_len - 1 - p) * sizeof(i64));
+            int r = nsplits ? split_search(s, comp_at, comp_len - 1, splits_at, nsplits, s0, s1, x)
+                            : search(s, comp_at, comp_len - 1, s0, s1, x, rank[b]);
             if (r != EXHAUSTED) {
                 s->arena_len = mark;
                 return r;
             }
+            comp = s->arena + comp_at;
+            memmove(comp + p + 1, comp + p, (size_t)(comp_len - 1 - p) * sizeof(i64));
+            comp[p] = b;
         }
         s->arena_len = splits_at;
         unplace(s);
