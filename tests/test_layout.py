@@ -129,6 +129,11 @@ def test_the_search_stops_once_the_arena_is_within_the_gap():
     assert near.arena == 20 and near.stats["searched"] == 0
     # a gap that 20 exceeds: the search runs and reaches the bound as before
     assert layout.place(NEAR_BOUND, "roam", time_limit=10.0, gap=0.05).arena == 19
+    # sizes x10 (peak 190, heuristics 200) and a gap of 9/190: any height up to 199 will do, so
+    # the one probe is at 199, not at the bound
+    tenfold = [(lo, hi, 10 * size) for lo, hi, size in NEAR_BOUND]
+    within = layout.place(tenfold, "roam", time_limit=10.0, gap=9 / 190)
+    assert [p["target"] for p in within.stats["pieces"][0]["probes"]] == [199] and within.arena <= 199
 
 
 def test_ilp_finds_the_same_optimum():
