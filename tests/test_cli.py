@@ -234,6 +234,14 @@ def test_counts_and_seconds_out_of_range_are_refused(tmp_path, command, option, 
     assert sorted(p.name for p in tmp_path.iterdir()) == ["old.json"]
 
 
+def test_the_gap_stops_the_order_within_it_and_the_layout_within_a_tenth_of_it(tmp_path):
+    code, err = main_in_process(["optimize", str(SAMPLE), "-o", str(tmp_path / "plan.json"), "--gap", "0.05"])
+    assert code == 0, err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["stats"]["order"]["gap"] == 0.05 and plan["stats"]["layout"]["gap"] == pytest.approx(0.005)
+    assert plan["arena_bytes"] <= plan["peak_live_bytes"] * 1.005
+
+
 @pytest.mark.parametrize("command", ["verify", "execute", "train"])
 def test_commands_that_take_a_plan_s_model_say_which(command):
     from click.testing import CliRunner
