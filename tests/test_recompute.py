@@ -351,6 +351,35 @@ def test_recomputing_lowers_the_peak_by_what_the_copies_free(planned_free):
     assert free["stats"]["recompute"]["before"]["peak_live_bytes"] == off["peak_live_bytes"]
 
 
+def test_the_plan_without_recomputing_is_the_same_made_beside_or_first(tmp_path):
+    src = three_exps(tmp_path)
+    figures = []
+    for jobs in ("1", "2"):  # 2: made in a forked process beside the recomputing plan
+        r = roam("optimize", src, "-o", tmp_path / f"plan{jobs}.json", "--recompute", "free", "--jobs", jobs)
+        assert r.code == 0, r.err
+        figures.append(plan_of(tmp_path / f"plan{jobs}.json")["stats"]["recompute"])
+    assert figures[0] == figures[1] and figures[0]["before"]["peak_live_bytes"] >= 5 * B
+
+
+def test_beside_makes_the_value_in_another_process_and_here_when_that_fails():
+    import os
+
+    from roam_cli.pipeline import beside
+    here = os.getpid()
+    with beside(os.getpid, parallel=True) as value:
+        assert value() != here
+    with beside(os.getpid, parallel=False) as value:
+        assert value() == here
+
+    def only_here():
+        if os.getpid() != here:
+            raise RuntimeError("not in the forked process")
+        return "made here"
+
+    with beside(only_here, parallel=True) as value:
+        assert value() == "made here"
+
+
 def test_optimize_prints_what_recomputing_saved_and_costs(tmp_path):
     src = three_exps(tmp_path)
     r = roam("optimize", src, "-o", tmp_path / "plan.json", "--recompute", "free")
