@@ -186,9 +186,13 @@ def beside(make, parallel: bool) -> Iterator:
 
     def child():
         try:
-            send.send(("value", make()))
+            answer = ("value", make())
         except BaseException as e:  # answered, so that the parent does not wait for nothing
-            send.send(("failed", repr(e)))
+            answer = ("failed", repr(e))
+        try:
+            send.send(answer)
+        except OSError:  # the parent has gone: nobody to tell
+            pass
 
     process = ctx.Process(target=child, name="roam-plan-beside")
     process.start()

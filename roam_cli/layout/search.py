@@ -65,8 +65,8 @@ portfolio of static rankings with a doubling node limit (see :mod:`roam_cli.layo
 The search runs in C (:mod:`roam_cli.layout._search`, ``engine="c"``, the default): the same
 search node for node, about 40x faster; an install where that optional extension did not build
 runs the Python code instead.  The Python code below is the reference the tests
-compare it with (``engine="python"``); the preprocessing (sections, overlaps, rankings) is
-shared.
+compare it with (``engine="python"``); the sections and rankings are shared, and the overlaps
+are built in C too (``_search.overlaps``, which the tests compare with :func:`overlaps_of`).
 
 Pure-Python performance notes: buffers keep their input ids (a rank array orders them), all
 per-node work uses flat lists and builtins that loop in C (``min(map(...))``,
