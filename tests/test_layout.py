@@ -283,7 +283,10 @@ def _decide(cs, capacity, heuristic, node_limit, fixed, engine):
     return answer, cs.nodes - nodes, cs.backtracks - backtracks, weights
 
 
-def test_c_search_visits_the_same_nodes_as_the_python_reference():
+@pytest.mark.parametrize("chunk", [256, 2, 1])  # candidates a C node gathers at a time: the same search
+def test_c_search_visits_the_same_nodes_as_the_python_reference(chunk, monkeypatch):
+    from roam_cli.layout import search
+    monkeypatch.setattr(search, "CANDIDATE_CHUNK", chunk)
     rng = random.Random(7)
     for _ in range(120):
         buffers = []

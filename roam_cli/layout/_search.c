@@ -5,8 +5,8 @@
  * tests compare the two.  search.py documents the algorithm; comments here say only what the
  * C version does differently to get the same result:
  *
- * - Lists become flat int64 arrays in one growable stack ("arena"): a node's candidates live
- *   above its caller's and are popped when the node returns; its child's component is its own
+ * - Lists become flat int64 arrays in one growable stack ("arena"): a chunk of a node's
+ *   candidates lives above its caller's and is popped when the node returns (see gather); its child's component is its own
  *   with the placed buffer taken out in place (and put back on failure), so memory is the depth
  *   of the search times its candidates, not the depth times the component.  A split copies the
  *   component into its groups.  The arena may move when it grows, so positions in it are
@@ -55,6 +55,7 @@ typedef struct {
     i64 *arena;
     Py_ssize_t arena_len, arena_cap;
     i64 nodes, backtracks, node_limit;
+    Py_ssize_t chunk; /* candidates gathered at a time (see gather) */
     struct timespec deadline;
 } Search;
 
@@ -223,6 +224,38 @@ static int split_search(Search *s, Py_ssize_t rest_at, Py_ssize_t rest_len, Py_s
     return FOUND;
 }
 
+/* The next candidates of a node, at most room of them, into the arena at cand_at: the buffers
+ * of comp[] below the lowest top mh whose (min offset, rank) follow (after_x, after_r), in that
+ * order.  A node may have thousands of candidates and a descent has a node per buffer, so they
+ * are gathered a chunk at a time (all at once took 4.5 GB on a 405B-class step); a node that
+ * tries more than a chunk scans comp[] again, in the state its failed children restored. */
+static Py_ssize_t gather(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 mh, i64 after_x,
+                         i64 after_r, Py_ssize_t cand_at, Py_ssize_t room) {
+    const i64 *minoff = s->minoff, *rank = s->rank;
+    i64 *a = s->arena;
+    Py_ssize_t ncand = 0;
+    for (Py_ssize_t k = 0; k < comp_len; ++k) {
+        i64 b = a[comp_at + k], x = minoff[b], r = rank[b];
+        if (x >= mh || x < after_x || (x == after_x && r <= after_r)) continue;
+        if (ncand == room) { /* full: b displaces the last, if it comes before it */
+            const i64 *last = a + cand_at + 3 * (room - 1);
+            if (last[0] < x || (last[0] == x && last[1] < r)) continue;
+            --ncand;
+        }
+        /* insertion by (min offset, rank): usually a handful */
+        Py_ssize_t j = ncand++;
+        while (j > 0) {
+            i64 *prev = a + cand_at + 3 * (j - 1);
+            if (prev[0] < x || (prev[0] == x && prev[1] < r)) break;
+            memcpy(prev + 3, prev, 3 * sizeof(i64));
+            --j;
+        }
+        i64 *slot = a + cand_at + 3 * j;
+        slot[0] = x, slot[1] = r, slot[2] = b;
+    }
+    return ncand;
+}
+
 static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i64 s1,
                   i64 last_x, i64 last_r) {
     const i64 C = s->C, *size = s->size, *slo = s->slo, *shi = s->shi, *rank = s->rank;  /* rank: read only here */
@@ -234,131 +267,124 @@ static int search(Search *s, Py_ssize_t comp_at, Py_ssize_t comp_len, i64 s0, i6
         if (PyErr_CheckSignals()) return INTERRUPTED;
     }
     Py_ssize_t mark = s->arena_len;
-    /* candidates: (min offset, rank, buffer) of the buffers below the lowest top */
-    Py_ssize_t cand_at = push(s, 3 * comp_len);
+    /* candidates: (min offset, rank, buffer) of the buffers below the lowest top, a chunk at a time */
+    Py_ssize_t room = comp_len < s->chunk ? comp_len : s->chunk, cand_at = push(s, 3 * room);
     if (cand_at < 0) return NO_MEMORY;
     i64 *a = s->arena, mh = INF;
     for (Py_ssize_t k = 0; k < comp_len; ++k)
         if (top[a[comp_at + k]] < mh) mh = top[a[comp_at + k]];
-    Py_ssize_t ncand = 0;
-    for (Py_ssize_t k = 0; k < comp_len; ++k) {
-        i64 b = a[comp_at + k];
-        if (minoff[b] >= mh) continue;
-        /* insertion by (min offset, rank): usually a handful */
-        Py_ssize_t j = ncand++;
-        while (j > 0) {
-            i64 *prev = a + cand_at + 3 * (j - 1);
-            if (prev[0] < minoff[b] || (prev[0] == minoff[b] && prev[1] < rank[b])) break;
-            memcpy(prev + 3, prev, 3 * sizeof(i64));
-            --j;
-        }
-        i64 *slot = a + cand_at + 3 * j;
-        slot[0] = minoff[b], slot[1] = rank[b], slot[2] = b;
-    }
-    s->arena_len = cand_at + 3 * ncand; /* what the children use starts here */
     i64 big = total[s0], smax = s0;
     for (i64 k = s0 + 1; k < s1; ++k)
         if (total[k] > big) big = total[k], smax = k;
-    int mono_hit = 0;
-    for (Py_ssize_t c = 0; c < ncand; ++c) {
-        a = s->arena;
-        i64 x = a[cand_at + 3 * c], b = a[cand_at + 3 * c + 2];
-        if (x < last_x || (x == last_x && rank[b] < last_r)) continue;
-        i64 sz = size[b];
-        if (x + big - sz > C) {
-            if (!mono_hit) s->weights[smax] += 1, mono_hit = 1;
-            continue;
-        }
-        i64 tp = s->twin_prev[b];
-        if (tp >= 0 && !s->placed[tp]) continue;
-        i64 lo_b = slo[b], hi_b = shi[b];
-        if (x + big > C) {
-            if (smax < lo_b || smax >= hi_b) continue;
-            if (lo_b > s0 && x + max_total(s, s0, lo_b) > C) continue;
-            if (hi_b < s1 && x + max_total(s, hi_b, s1) > C) continue;
-            if (x + max_total(s, lo_b, hi_b) - sz > C) continue;
-        }
-        i64 t = x + sz, rlo = lo_b, rhi = hi_b;
-        if (!reserve_changes(s, (Py_ssize_t)(s->ovl_start[b + 1] - s->ovl_start[b]))) return NO_MEMORY;
-        /* ---- place b at x */
-        s->trail_b[s->trail_len] = b, s->trail_x[s->trail_len] = x;
-        s->trail_changes[s->trail_len++] = s->change_len;
-        int clash = 0, hatless = 1;
-        for (i64 k = s->ovl_start[b]; k < s->ovl_start[b + 1]; ++k) {
-            i64 o = s->ovl[k];
-            if (!s->placed[o]) hatless = 0;
-            if (minoff[o] >= t) continue;
-            if (s->fixed[o]) {
-                clash = 1;
+    int mono_hit = 0, hatless_failed = 0;
+    i64 after_x = -1, after_r = -1;
+    /* a full chunk may have more after it */
+    for (Py_ssize_t ncand = room; ncand == room && !hatless_failed;) {
+        ncand = gather(s, comp_at, comp_len, mh, after_x, after_r, cand_at, room);
+        if (ncand) after_x = s->arena[cand_at + 3 * (ncand - 1)], after_r = s->arena[cand_at + 3 * (ncand - 1) + 1];
+        for (Py_ssize_t c = 0; c < ncand; ++c) {
+            a = s->arena;
+            i64 x = a[cand_at + 3 * c], b = a[cand_at + 3 * c + 2];
+            if (x < last_x || (x == last_x && rank[b] < last_r)) continue;
+            i64 sz = size[b];
+            if (x + big - sz > C) {
+                if (!mono_hit) s->weights[smax] += 1, mono_hit = 1;
                 continue;
             }
-            s->change_o[s->change_len] = o, s->change_old[s->change_len++] = minoff[o];
-            minoff[o] = t;
-            top[o] = t + size[o];
-            if (slo[o] < rlo) rlo = slo[o];
-            if (shi[o] > rhi) rhi = shi[o];
-        }
-        minoff[b] = INF, top[b] = INF;
-        s->placed[b] = 1;
-        s->offset[b] = x;
-        for (i64 k = lo_b; k < hi_b; ++k) total[k] -= sz;
-        Py_ssize_t nsplits = 0, splits_at = s->arena_len;
-        for (i64 k = lo_b + 1; k < hi_b; ++k)
-            if (!--s->cuts[k]) ++nsplits;
-        if (nsplits) {
-            if (push(s, nsplits) < 0) return NO_MEMORY;
-            Py_ssize_t j = splits_at;
+            i64 tp = s->twin_prev[b];
+            if (tp >= 0 && !s->placed[tp]) continue;
+            i64 lo_b = slo[b], hi_b = shi[b];
+            if (x + big > C) {
+                if (smax < lo_b || smax >= hi_b) continue;
+                if (lo_b > s0 && x + max_total(s, s0, lo_b) > C) continue;
+                if (hi_b < s1 && x + max_total(s, hi_b, s1) > C) continue;
+                if (x + max_total(s, lo_b, hi_b) - sz > C) continue;
+            }
+            i64 t = x + sz, rlo = lo_b, rhi = hi_b;
+            if (!reserve_changes(s, (Py_ssize_t)(s->ovl_start[b + 1] - s->ovl_start[b]))) return NO_MEMORY;
+            /* ---- place b at x */
+            s->trail_b[s->trail_len] = b, s->trail_x[s->trail_len] = x;
+            s->trail_changes[s->trail_len++] = s->change_len;
+            int clash = 0, hatless = 1;
+            for (i64 k = s->ovl_start[b]; k < s->ovl_start[b + 1]; ++k) {
+                i64 o = s->ovl[k];
+                if (!s->placed[o]) hatless = 0;
+                if (minoff[o] >= t) continue;
+                if (s->fixed[o]) {
+                    clash = 1;
+                    continue;
+                }
+                s->change_o[s->change_len] = o, s->change_old[s->change_len++] = minoff[o];
+                minoff[o] = t;
+                top[o] = t + size[o];
+                if (slo[o] < rlo) rlo = slo[o];
+                if (shi[o] > rhi) rhi = shi[o];
+            }
+            minoff[b] = INF, top[b] = INF;
+            s->placed[b] = 1;
+            s->offset[b] = x;
+            for (i64 k = lo_b; k < hi_b; ++k) total[k] -= sz;
+            Py_ssize_t nsplits = 0, splits_at = s->arena_len;
             for (i64 k = lo_b + 1; k < hi_b; ++k)
-                if (!s->cuts[k]) s->arena[j++] = k;
-        }
-        /* ---- inference */
-        int ok = !clash;
-        if (ok) {
-            i64 thr = C - t;
-            for (i64 k = rlo; k < rhi; ++k) {
-                if (total[k] <= thr) continue;
-                i64 room = C - total[k];
-                if (minoff[s->witness[k]] > room && !refresh(s, k, room)) {
-                    ok = 0;
-                    s->weights[k] += 1;
-                    break;
+                if (!--s->cuts[k]) ++nsplits;
+            if (nsplits) {
+                if (push(s, nsplits) < 0) return NO_MEMORY;
+                Py_ssize_t j = splits_at;
+                for (i64 k = lo_b + 1; k < hi_b; ++k)
+                    if (!s->cuts[k]) s->arena[j++] = k;
+            }
+            /* ---- inference */
+            int ok = !clash;
+            if (ok) {
+                i64 thr = C - t;
+                for (i64 k = rlo; k < rhi; ++k) {
+                    if (total[k] <= thr) continue;
+                    i64 room = C - total[k];
+                    if (minoff[s->witness[k]] > room && !refresh(s, k, room)) {
+                        ok = 0;
+                        s->weights[k] += 1;
+                        break;
+                    }
                 }
             }
-        }
-        if (ok) {
-            for (i64 k = lo_b; k < hi_b; ++k) {
-                if (s->witness[k] == b && total[k] && !refresh(s, k, C - total[k])) {
-                    ok = 0;
-                    s->weights[k] += 1;
-                    break;
+            if (ok) {
+                for (i64 k = lo_b; k < hi_b; ++k) {
+                    if (s->witness[k] == b && total[k] && !refresh(s, k, C - total[k])) {
+                        ok = 0;
+                        s->weights[k] += 1;
+                        break;
+                    }
                 }
             }
-        }
-        if (ok) {
-            if (comp_len == 1) {
-                s->arena_len = mark;
-                return FOUND;
+            if (ok) {
+                if (comp_len == 1) {
+                    s->arena_len = mark;
+                    return FOUND;
+                }
+                /* the rest is the component without b, in place and in order (a copy per node made
+                 * the memory quadratic in the depth: 4 GB per worker on a 405B-class step); b goes
+                 * back when its subtree fails */
+                i64 *comp = s->arena + comp_at;
+                Py_ssize_t p = 0;
+                while (comp[p] != b) ++p;
+                memmove(comp + p, comp + p + 1, (size_t)(comp_len - 1 - p) * sizeof(i64));
+                int r = nsplits ? split_search(s, comp_at, comp_len - 1, splits_at, nsplits, s0, s1, x)
+                                : search(s, comp_at, comp_len - 1, s0, s1, x, rank[b]);
+                if (r != EXHAUSTED) {
+                    s->arena_len = mark;
+                    return r;
+                }
+                comp = s->arena + comp_at;
+                memmove(comp + p + 1, comp + p, (size_t)(comp_len - 1 - p) * sizeof(i64));
+                comp[p] = b;
             }
-            /* the rest is the component without b, in place and in order (a copy per node made
-             * the memory quadratic in the depth: 4 GB per worker on a 405B-class step); b goes
-             * back when its subtree fails */
-            i64 *comp = s->arena + comp_at;
-            Py_ssize_t p = 0;
-            while (comp[p] != b) ++p;
-            memmove(comp + p, comp + p + 1, (size_t)(comp_len - 1 - p) * sizeof(i64));
-            int r = nsplits ? split_search(s, comp_at, comp_len - 1, splits_at, nsplits, s0, s1, x)
-                            : search(s, comp_at, comp_len - 1, s0, s1, x, rank[b]);
-            if (r != EXHAUSTED) {
-                s->arena_len = mark;
-                return r;
+            s->arena_len = splits_at;
+            unplace(s);
+            if (hatless) {
+                hatless_failed = 1;
+                break;
             }
-            comp = s->arena + comp_at;
-            memmove(comp + p + 1, comp + p, (size_t)(comp_len - 1 - p) * sizeof(i64));
-            comp[p] = b;
         }
-        s->arena_len = splits_at;
-        unplace(s);
-        if (hatless) break;
     }
     s->backtracks += 1;
     s->arena_len = mark;
@@ -390,7 +416,7 @@ static void release(Inputs *in) {
 static const char *STATUS[] = {"infeasible", "solved", "node limit", "deadline"};
 
 /* run(size, slo, shi, mem_start, mem, ovl_start, ovl, rank, order, twin_prev, fixed, capacity,
- *     node_limit, seconds, weights, keys, dynamic) -> (status, offsets | None, nodes, backtracks)
+ *     node_limit, seconds, weights, keys, dynamic, chunk) -> (status, offsets | None, nodes, backtracks)
  *
  * All arrays are int64 buffers.  Buffer i covers sections slo[i] .. shi[i]-1; the members of
  * section s are mem[mem_start[s] : mem_start[s+1]] and the buffers overlapping i in time are
@@ -399,18 +425,21 @@ static const char *STATUS[] = {"infeasible", "solved", "node limit", "deadline"}
  * offsets already checked against the capacity).  weights (one per section, writable) gains
  * one per failed section check.  keys holds the ranking's columns (column c of buffer i at
  * c*n+i, rank is their lexicographic order, ties by i) and dynamic[c] marks the T columns,
- * recomputed when the problem splits (rank is rewritten then, and restored).  status is "solved", "infeasible" (a proof), "node limit" or
- * "deadline". */
+ * recomputed when the problem splits (rank is rewritten then, and restored).  chunk is how many
+ * candidates a node gathers at a time (memory only: the search is the same for any chunk).
+ * status is "solved", "infeasible" (a proof), "node limit" or "deadline". */
 static PyObject *run(PyObject *self, PyObject *args) {
     Inputs in = {0};
     long long capacity, node_limit;
     double seconds;
-    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*w*y*y*y*LLdw*y*y*", &in.size, &in.slo, &in.shi,
+    Py_ssize_t chunk;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*y*y*y*w*y*y*y*LLdw*y*y*n", &in.size, &in.slo, &in.shi,
                           &in.mem_start, &in.mem, &in.ovl_start, &in.ovl, &in.rank, &in.order,
                           &in.twin_prev, &in.fixed, &capacity, &node_limit, &seconds, &in.weights,
-                          &in.keys, &in.dynamic))
+                          &in.keys, &in.dynamic, &chunk))
         return NULL;
     Search s = {0};
+    s.chunk = chunk > 0 ? chunk : 1;
     PyObject *result = NULL;
     if (!check_lengths(&in, &s.n, &s.S)) {
         PyErr_SetString(PyExc_ValueError, "_search.run: arrays of inconsistent lengths");

@@ -91,6 +91,10 @@ except ImportError:  # the C extension did not build (it is optional): the Pytho
     _search = None
 
 INF = 1 << 62
+# Candidates a node of the C search gathers at a time: memory per level of a descent, which has
+# a level per buffer (a node of a 405B-class step can have 6,000 candidates).  Any value gives
+# the same search; a node that tries more scans its component again.
+CANDIDATE_CHUNK = 256
 
 # Static rankings tried in the portfolio.  Letters (all descending): T = largest section total
 # the buffer takes part in, W = width of its lifetime, A = area (size x width), Z = size,
@@ -522,7 +526,7 @@ class CanonicalSearch:
         def root():
             return _search.run(*self._arrays, array("q", rank), array("q", order),
                                array("q", twin_prev), pinned, C, limit, seconds, learnt,
-                               array("q", [v for c in cols for v in c]), array("q", dynamic))
+                               array("q", [v for c in cols for v in c]), array("q", dynamic), CANDIDATE_CHUNK)
 
         status, offsets, nodes, backtracks = _deep_call(root) if self.n > 2000 else root()
         weights[:] = learnt
