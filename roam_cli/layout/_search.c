@@ -6,11 +6,11 @@
  * C version does differently to get the same result:
  *
  * - Lists become flat int64 arrays in one growable stack ("arena"): a chunk of a node's
- *   candidates lives above its caller's and is popped when the node returns (see gather); its child's component is its own
- *   with the placed buffer taken out in place (and put back on failure), so memory is the depth
- *   of the search times its candidates, not the depth times the component.  A split copies the
- *   component into its groups.  The arena may move when it grows, so positions in it are
- *   indices, never pointers kept across a call.
+ *   candidates lives above its caller's and is popped when the node returns (see gather); its
+ *   child's component is its own with the placed buffer taken out in place (and put back on
+ *   failure), so memory is the depth of the search times a chunk, not the depth times the
+ *   component or all its candidates.  A split copies the component into its groups.  The arena
+ *   may move when it grows, so positions in it are indices, never pointers kept across a call.
  * - Sections whose witness was the placed buffer are found by scanning the buffer's own
  *   sections (a witness is always a member of its section), so no per-buffer sets are needed.
  * - Aborts (node limit, deadline, Ctrl-C) are return codes, not exceptions; the state is left
