@@ -1,20 +1,14 @@
 """Convolutions and pooling. Conv's parts are ONNX's own adjoints (the `lower` package's ConvGrad
 form): ConvTranspose of dy for the input, a Conv over batch-and-channel-swapped tensors for the
 weight. ConvTranspose is Conv's input-gradient, so its own parts are a Conv (input) and the same
-weight form with the roles of input and output exchanged. Average pooling spreads dy back with a
-ConvTranspose of a ones kernel."""
+weight form with the roles of input and output exchanged. Average pooling, like Resize, is linear
+and acts on each spatial axis apart: its gradient is dy through the transposes of per-axis
+matrices (`along_axes`)."""
 
 import numpy as np
 from onnx import TensorProto
 
 from roam_cli.lower import grads
-
-
-def spatial_attrs(g, rank: int) -> tuple[list[int], list[int], list[int]]:
-    n = rank - 2
-    if g.attr("auto_pad", "NOTSET") not in ("NOTSET", "VALID", b"NOTSET", b"VALID"):
-        g.refuse("auto_pad SAME_* is not differentiated (export with explicit pads)")
-    return g.attr("strides") or [1] * n, g.attr("pads") or [0] * (2 * n), g.attr("dilations") or [1] * n
 
 
 def conv(g):
@@ -25,7 +19,9 @@ def conv_transpose(g):
     x, w, dy = g.input(0), g.input(1), g.dy()
     if g.attr("output_shape"):
         g.refuse("ConvTranspose with output_shape is not differentiated (use pads and output_padding)")
-    strides, pads, dilations = spatial_attrs(g, len(g.shape(x)))
+    if g.attr("auto_pad", b"NOTSET") in (b"SAME_UPPER", b"SAME_LOWER"):
+        g.refuse("ConvTranspose with auto_pad SAME_* is not differentiated (use pads and output_padding)")
+    strides, pads, dilations = grads.window_attrs(g, g.shape(x)[2:], g.shape(w)[2:])
     group = g.attr("group", 1)
     if g.needs(0):
         g.give(0, g.op("Conv", dy, w, strides=strides, pads=pads, dilations=dilations, group=group))
@@ -44,43 +40,49 @@ def max_pool(g):
 
 
 def average_pool(g):
-    """ConvTranspose of dy / count with a ones kernel per channel; the count is the kernel's area,
-    or, with count_include_pad=0, the window's cells inside the input (a constant)."""
-    x = g.input(0)
-    shape = g.shape(x)
-    strides, pads, dilations = spatial_attrs(g, len(shape))
+    """Along each spatial axis an output cell is the mean of the input cells its window covers:
+    one [out, in] matrix per axis, whatever the pads, ceil_mode, dilations or kernel size
+    (EfficientNet's pooler has a 1280-wide kernel over 7 cells: as a ConvTranspose, a ones kernel
+    of that size per channel)."""
+    shape, out = g.shape(g.input(0)), g.shape(g.output(0))
     kernel = g.attr("kernel_shape")
-    channels = shape[1]
-    ones = g.ctx.const(np.ones([channels, 1, *kernel]), g.ctx.dtype(x))
-    out = g.shape(g.output(0))
-    if g.attr("count_include_pad", 0) or not any(pads):
-        scaled = g.op("Mul", g.dy(), g.const(1.0 / float(np.prod(kernel)), x))
-    else:
-        counts = window_counts(shape[2:], out[2:], kernel, strides, pads, dilations)
-        scaled = g.op("Div", g.dy(), g.ctx.const(counts, g.ctx.dtype(x)))
-    g.give(0, g.op("ConvTranspose", scaled, ones, strides=strides, pads=pads, dilations=dilations, group=channels,
-                   output_padding=covered_gap(shape[2:], out[2:], kernel, strides, pads, dilations)))
+    strides, pads, dilations = grads.window_attrs(g, shape[2:], kernel)
+    n = len(kernel)
+    include_pad = bool(g.attr("count_include_pad", 0))
+    maps = {2 + k: window_means(shape[2 + k], out[2 + k], kernel[k], strides[k], pads[k], pads[n + k], dilations[k],
+                                include_pad) for k in range(n)}
+    g.give(0, along_axes(g, g.dy(), maps))
 
 
-def covered_gap(size, out, kernel, strides, pads, dilations) -> list[int]:
-    """The input cells past the last window: ConvTranspose's output_padding."""
-    n = len(size)
-    return [s - ((o - 1) * st - pads[k] - pads[k + n] + d * (kk - 1) + 1)
-            for k, (s, o, kk, st, d) in enumerate(zip(size, out, kernel, strides, dilations))]
+def window_means(size, out, kernel, stride, begin, end, dilation, include_pad) -> np.ndarray:
+    """[out, size]: output cell o's weight on each input cell. The divisor is the window's cells
+    inside the input, or with count_include_pad those inside the padded input (ONNX Runtime's: a
+    window that ceil_mode runs past the end pad counts only up to it)."""
+    taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
+    inside = (taps >= 0) & (taps < size)
+    counted = (taps < size + end) if include_pad else inside
+    m = np.zeros((out, size))
+    m[np.nonzero(inside)[0], taps[inside]] = 1.0
+    return m / counted.sum(axis=1, keepdims=True)
 
 
-def window_counts(size, out, kernel, strides, pads, dilations) -> np.ndarray:
-    """How many cells of each output's window lie inside the input (shape [1, 1, *out])."""
-    n = len(size)
-    per_axis = []
-    for k in range(n):
-        starts = np.arange(out[k]) * strides[k] - pads[k]
-        taps = starts[:, None] + np.arange(kernel[k]) * dilations[k]
-        per_axis.append(((taps >= 0) & (taps < size[k])).sum(axis=1))
-    counts = per_axis[0]
-    for axis in per_axis[1:]:
-        counts = np.multiply.outer(counts, axis)
-    return counts.reshape([1, 1, *out]).astype(np.float64)
+def along_axes(g, dy: str, maps: dict[int, np.ndarray]) -> str:
+    """The gradient of a map that is linear and acts on each axis apart: dy contracted with each
+    axis's matrix M [out, in] over that axis (a MatMul for the last two axes). The axes that shrink
+    most go first, so the tensors in between are the smallest; identity matrices are skipped."""
+    rank = len(g.shape(g.output(0)))
+    letters = "abcdefghij"[:rank]
+    for axis, m in sorted(maps.items(), key=lambda am: am[1].shape[1] / am[1].shape[0]):
+        if m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(len(m))):
+            continue
+        if axis == rank - 1:
+            dy = g.op("MatMul", dy, g.const(m, dy))
+        elif axis == rank - 2:
+            dy = g.op("MatMul", g.const(m.T, dy), dy)
+        else:
+            summed = letters.replace(letters[axis], "z")
+            dy = g.op("Einsum", dy, g.const(m, dy), equation=f"{letters},{letters[axis]}z->{summed}")
+    return dy
 
 
 def global_average_pool(g):

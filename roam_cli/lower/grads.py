@@ -71,21 +71,42 @@ def rows_added(e, shape: str, indices: str, dy: str, out: str | None = None) -> 
     return e.op("Reshape", summed, shape, out=out)
 
 
+def window_attrs(e, sizes: list[int], kernel: list[int]) -> tuple[list[int], list[int], list[int]]:
+    """Strides, explicit pads and dilations of a Conv or pooling node over spatial `sizes`. auto_pad
+    SAME_* pads for ceil(size / stride) outputs, the odd cell at the end (UPPER) or at the start
+    (LOWER), as ONNX Runtime computes it: a kernel smaller than its stride needs a negative total,
+    halved towards zero (a negative start shifts the windows; a negative end is 0: no window
+    reaches it either way); VALID: none."""
+    n = len(sizes)
+    strides, dilations = e.attr("strides") or [1] * n, e.attr("dilations") or [1] * n
+    auto_pad = e.attr("auto_pad", b"NOTSET")
+    auto_pad = auto_pad.decode() if isinstance(auto_pad, bytes) else auto_pad
+    if auto_pad == "VALID":
+        return strides, [0] * (2 * n), dilations
+    if auto_pad not in ("SAME_UPPER", "SAME_LOWER"):
+        return strides, e.attr("pads") or [0] * (2 * n), dilations
+    if any(d != 1 for d in dilations):  # ONNX Runtime refuses it for Conv; its pools' shapes are not ONNX's
+        raise RoamError(f"{e.node.op_type} node {e.node.name!r}: auto_pad {auto_pad} with dilations is not "
+                        "supported (write explicit pads)")
+    total = [(-(-size // s) - 1) * s + k - size for size, k, s in zip(sizes, kernel, strides)]
+    begin = [int((t + (auto_pad == "SAME_LOWER")) / 2) for t in total]
+    return strides, begin + [max(t - b, 0) for t, b in zip(total, begin)], dilations
+
+
 def conv_grad(e):
     """dX: ConvTranspose of dY with W; dW: a Conv of X over dY with batch and channels swapped
     (groups kept apart by the channel order); dB: dY summed over all but the channels."""
     dy, x, w = e.input(0), e.input(1), e.input(2)
-    if e.attr("auto_pad", b"NOTSET") not in (b"NOTSET", b"VALID", "NOTSET", "VALID"):
-        raise RoamError(f"cannot lower ConvGrad node {e.node.name!r}: auto_pad SAME_* (write explicit pads)")
     x_shape = e.ctx.shape(x)
     if x_shape is None or not all(isinstance(d, int) for d in x_shape):
         raise RoamError(f"cannot lower ConvGrad node {e.node.name!r}: {x!r} needs a static shape")
     spatial = len(x_shape) - 2
-    strides = e.attr("strides") or [1] * spatial
-    dilations = e.attr("dilations") or [1] * spatial
-    pads = e.attr("pads") or [0] * (2 * spatial)
     group = e.attr("group", 1)
     kernel = e.attr("kernel_shape") or e.ctx.shape(w)[2:]
+    strides, pads, dilations = window_attrs(e, x_shape[2:], kernel)
+    if min(pads) < 0:  # measured: ONNX Runtime's own Conv is not consistent there (1.32)
+        raise RoamError(f"cannot lower ConvGrad node {e.node.name!r}: auto_pad SAME_* with a kernel smaller than its "
+                        "stride by 2 or more (write explicit pads)")
     if e.output(2):
         e.op("ReduceSum", dy, e.axes(0, *range(2, spatial + 2)), out=e.output(2), keepdims=0)
     if e.output(0):
