@@ -4,7 +4,7 @@ Ops in NONDIFFERENTIABLE pass nothing back: their results are constant almost ev
 floating-point (shapes, comparisons, indices, rounding, random draws)."""
 
 from roam_cli.backward import elementwise as ew
-from roam_cli.backward import linear, movement, normalization, spatial
+from roam_cli.backward import linear, movement, normalization, resize, spatial
 
 ALL = None
 RULES = {
@@ -73,6 +73,7 @@ RULES = {
     "MaxPool": (spatial.max_pool, (0,)),
     "AveragePool": (spatial.average_pool, (0,)),
     "GlobalAveragePool": (spatial.global_average_pool, (0,)),
+    "Resize": (resize.resize, (0,)),
 }
 
 NONDIFFERENTIABLE = {
