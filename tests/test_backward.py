@@ -192,6 +192,70 @@ def test_rule_matches_finite_differences(nodes, feeds, wrt, inits):
     check(nodes, feeds, list(wrt), inits)
 
 
+def resize_case(mode, coordinates, shape, scales=None, sizes=None, nearest="round_prefer_floor"):
+    """Resize with constant scales (or sizes); float32: ONNX Runtime has no float64 Resize."""
+    inits = {"sc": np.array(scales or [], np.float32), **({"sz": i64(*sizes)} if sizes else {})}
+    node = n("Resize", ["a", "", "sc", *(["sz"] if sizes else [])], mode=mode, coordinate_transformation_mode=coordinates,
+             nearest_mode=nearest)
+    to = "x".join(map(str, sizes or scales))
+    return (f"Resize-{mode}-{coordinates}-{nearest}-{'x'.join(map(str, shape))}-to-{to}", [node], {"a": f32(*shape)}, "a",
+            inits)
+
+
+COORDINATES = ["half_pixel", "half_pixel_symmetric", "pytorch_half_pixel", "align_corners", "asymmetric"]
+NEAREST = ["round_prefer_floor", "round_prefer_ceil", "floor", "ceil"]
+# The loss is linear in each element perturbed alone (Resize, average pooling and Conv's operands
+# one at a time; MaxPool away from ties), so central differences are exact but for rounding: these
+# are checked to 1e-4 in float32, where ONNX Runtime has no float64 kernel.
+LINEAR_CASES = [
+    *(resize_case("nearest", c, (1, 2, 4, 5), scales=[1, 1, 2, 1.5], nearest=m) for c in COORDINATES for m in NEAREST),
+    *(resize_case("nearest", c, (1, 1, 6, 7), sizes=[1, 1, 4, 3], nearest=m) for c in COORDINATES for m in NEAREST),
+    *(resize_case("linear", c, (1, 2, 4, 5), scales=[1, 1, 2, 1.5]) for c in COORDINATES),
+    *(resize_case("linear", c, (1, 1, 6, 7), sizes=[1, 1, 4, 3]) for c in COORDINATES),
+    *(resize_case("linear", c, (1, 1, 3, 4), scales=[1, 1, 0.6, 2.5]) for c in COORDINATES),
+    resize_case("linear", "half_pixel", (2, 3, 7), scales=[1, 1, 3]),
+    resize_case("linear", "align_corners", (1, 1, 2, 3, 4), scales=[1, 1, 2, 1.5, 0.5]),
+    resize_case("nearest", "asymmetric", (1, 1, 2, 3, 4), sizes=[1, 1, 3, 6, 2], nearest="floor"),
+    resize_case("linear", "pytorch_half_pixel", (1, 1, 4, 4), sizes=[1, 1, 1, 7]),
+    resize_case("nearest", "half_pixel", (1, 2, 3, 3), scales=[1, 1, 1, 1]),
+    ("AveragePool-ceil-kernel-larger-than-input", [n("AveragePool", "a", kernel_shape=[7, 9], strides=[7, 9], ceil_mode=1,
+                                                     count_include_pad=1)], {"a": f32(2, 3, 3, 4)}, "a", {}),
+    ("AveragePool-ceil-kernel-larger-than-input-pads", [n("AveragePool", "a", kernel_shape=[5, 5], strides=[2, 2],
+                                                          pads=[1, 1, 1, 1], ceil_mode=1)], {"a": f32(1, 2, 3, 3)}, "a", {}),
+    ("AveragePool-ceil-pads-included", [n("AveragePool", "a", kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 0, 1],
+                                          ceil_mode=1, count_include_pad=1)], {"a": f32(1, 1, 6, 7)}, "a", {}),
+    ("AveragePool-ceil-pads-excluded", [n("AveragePool", "a", kernel_shape=[3, 2], strides=[2, 3], pads=[1, 0, 0, 1],
+                                          ceil_mode=1)], {"a": f32(1, 1, 6, 7)}, "a", {}),
+    ("AveragePool-dilations-ceil", [n("AveragePool", "a", kernel_shape=[2, 3], strides=[2, 2], dilations=[2, 1],
+                                      pads=[0, 1, 0, 1], ceil_mode=1)], {"a": f32(1, 2, 5, 6)}, "a", {}),
+    ("AveragePool-same-upper-stride-2", [n("AveragePool", "a", kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER")],
+     {"a": f32(1, 2, 5, 6)}, "a", {}),
+    ("AveragePool-same-lower-odd-included", [n("AveragePool", "a", kernel_shape=[2, 4], strides=[1, 2],
+                                               auto_pad="SAME_LOWER", count_include_pad=1)], {"a": f32(1, 1, 5, 7)}, "a", {}),
+    ("AveragePool-same-upper-kernel-below-stride", [n("AveragePool", "a", kernel_shape=[1], strides=[3],
+                                                      auto_pad="SAME_UPPER")], {"a": f32(1, 2, 6)}, "a", {}),
+    ("AveragePool-3d-ceil", [n("AveragePool", "a", kernel_shape=[2, 2, 3], strides=[2, 2, 2], ceil_mode=1)],
+     {"a": f32(1, 1, 3, 4, 5)}, "a", {}),
+    ("MaxPool-ceil-kernel-larger-than-input-pads", [n("MaxPool", "a", kernel_shape=[5, 5], strides=[2, 2],
+                                                      pads=[1, 1, 1, 1], ceil_mode=1)], {"a": distinct(1, 2, 3, 3)}, "a", {}),
+    ("MaxPool-same-lower-stride-2", [n("MaxPool", "a", kernel_shape=[2, 3], strides=[2, 2], auto_pad="SAME_LOWER")],
+     {"a": distinct(1, 2, 5, 6)}, "a", {}),
+    ("Conv-same-upper-stride-2", [n("Conv", "awb", kernel_shape=[3, 2], strides=[2, 2], auto_pad="SAME_UPPER")],
+     {"a": f32(1, 2, 5, 6), "w": f32(3, 2, 3, 2), "b": f32(3)}, "awb", {}),
+    ("Conv-same-lower-odd", [n("Conv", "aw", strides=[1, 2], auto_pad="SAME_LOWER")],
+     {"a": f32(2, 2, 5, 7), "w": f32(2, 2, 2, 4)}, "aw", {}),
+    ("Conv-same-upper-depthwise", [n("Conv", "aw", group=4, strides=[2, 2], auto_pad="SAME_UPPER")],
+     {"a": f32(1, 4, 7, 6), "w": f32(4, 1, 3, 3)}, "aw", {}),
+    ("Conv-same-lower-pointwise-stride-2", [n("Conv", "aw", strides=[2, 2], auto_pad="SAME_LOWER")],
+     {"a": f32(1, 3, 6, 5), "w": f32(2, 3, 1, 1)}, "aw", {}),
+]
+
+
+@pytest.mark.parametrize("nodes,feeds,wrt,inits", [c[1:] for c in LINEAR_CASES], ids=[c[0] for c in LINEAR_CASES])
+def test_rule_of_a_map_linear_in_each_input_matches_finite_differences_to_rounding(nodes, feeds, wrt, inits):
+    check(nodes, feeds, list(wrt), inits, rtol=1e-4)
+
+
 def test_dropout_in_training_mode_passes_dy_through_the_mask_scaled():
     """Random, so no finite differences: with loss = sum(y * r), dx = r * mask / (1 - ratio), the
     mask being the forward's own (added as the node's output 1 for the backward to read)."""
@@ -239,3 +303,64 @@ def test_silu_s_backward_keeps_x_and_recomputes_the_sigmoid():
     backward = [b for b in g.graph.node if "/grad/" in b.name]
     assert not any("s" in b.input for b in backward)
     assert [b.op_type for b in backward].count("Sigmoid") == 1
+
+
+def test_a_pool_whose_kernel_is_larger_than_its_input_gives_a_training_graph_onnx_runtime_runs(tmp_path):
+    """EfficientNet's pooler: AveragePool(ceil_mode=1) with a kernel larger than its input (a global
+    mean). Its gradient once wrote a ConvTranspose with a negative output_padding, which ONNX
+    Runtime refuses to load. Here the step loads with ONNX Runtime's optimizations on, and the
+    weight's gradient is the hand-computed one: y = W mean(x), loss = mean((y - t)^2)."""
+    import onnxruntime as ort
+
+    from roam_cli.backward import step
+    from roam_cli.frontend import training_graph
+
+    w = f32(4, 2, 1, 1)
+    nodes = [n("Conv", "xw", ["c"]), n("AveragePool", "c", ["p"], kernel_shape=[7, 9], strides=[7, 9], ceil_mode=1,
+                                         count_include_pad=1), n("Flatten", "p")]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1, 2, 3, 4])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1, 4])],
+                              [numpy_helper.from_array(w, "w")])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 20)]), tmp_path / "m.onnx")
+    training_graph.make(tmp_path / "m.onnx", tmp_path / "t.onnx", loss="mse", backward=step.build, requires_grad=["w"],
+                        optimizer_path=tmp_path / "o.onnx")
+    s = ort.InferenceSession(str(tmp_path / "t.onnx"), providers=["CPUExecutionProvider"])
+    x, t = f32(1, 2, 3, 4), f32(1, 4)
+    feeds = {"x": x, "target": t, "w": w, "lazy_reset_grad": np.array([True]), "w_grad.accumulation.buffer": np.zeros_like(w)}
+    assert {i.name for i in s.get_inputs()} == set(feeds)
+    (dw,) = s.run(["w_grad.accumulation.buffer.out"], feeds)
+    mean = x.mean(axis=(2, 3))[0]
+    y = w[:, :, 0, 0] @ mean
+    np.testing.assert_allclose(dw[:, :, 0, 0], np.outer(2 / 4 * (y - t[0]), mean), rtol=1e-5, atol=1e-6)
+
+
+SCALES = {"sc": np.array([1, 1, 2, 2], np.float32)}
+REFUSED = [
+    ("Resize-cubic", [n("Resize", ["a", "", "sc"], mode="cubic")], SCALES, "mode cubic is not differentiated"),
+    ("Resize-tf-crop-and-resize", [n("Resize", ["a", "roi", "sc"], mode="linear",
+                                     coordinate_transformation_mode="tf_crop_and_resize")],
+     {**SCALES, "roi": np.array([0, 0, 0, 0, 1, 1, 1, 1], np.float32)}, "tf_crop_and_resize is not differentiated"),
+    ("Resize-antialias", [n("Resize", ["a", "", "sc"], mode="linear", antialias=1)], SCALES, "antialias other than"),
+    ("Resize-sizes-computed", [n("Shape", "a", ["lead"], end=2), n("Concat", ["lead", "tail"], ["sz"], axis=0),
+                               n("Resize", ["a", "", "", "sz"])], {"tail": i64(6, 12)}, "scales or sizes must be constants"),
+    ("Conv-same-kernel-two-below-stride", [n("Conv", "aw", strides=[1, 3], auto_pad="SAME_UPPER")],
+     {"w": np.ones((1, 1, 1, 1), np.float32)}, "kernel smaller than its stride"),
+    ("AveragePool-same-dilations", [n("AveragePool", "a", kernel_shape=[2, 2], dilations=[2, 2], auto_pad="SAME_UPPER")],
+     {}, "auto_pad SAME_UPPER with dilations"),
+    ("ConvTranspose-same", [n("ConvTranspose", "aw", strides=[2, 2], auto_pad="SAME_LOWER")],
+     {"w": np.ones((1, 1, 2, 2), np.float32)}, "ConvTranspose with auto_pad SAME"),
+]
+
+
+@pytest.mark.parametrize("nodes,inits,words", [c[1:] for c in REFUSED], ids=[c[0] for c in REFUSED])
+def test_a_form_without_a_rule_is_refused_in_one_line_naming_the_node(nodes, inits, words):
+    from backward_check import forward_model
+
+    from roam_cli.core.errors import RoamError
+
+    loss = helper.make_node("ReduceSum", [nodes[-1].output[0]], ["loss"], keepdims=0, name="loss")
+    m = forward_model([*nodes, loss], {"a": f32(1, 1, 3, 6)}, inits,
+                      [helper.make_tensor_value_info("loss", onnx.TensorProto.FLOAT, [])], 20)
+    with pytest.raises(RoamError, match=words) as refused:
+        gradient_model(m, ["a"], "loss")
+    assert nodes[-1].name in str(refused.value) and "\n" not in str(refused.value)
