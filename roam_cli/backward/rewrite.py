@@ -11,11 +11,14 @@ with the factors of each product in any order. Intermediate tensors read elsewhe
 `inactive_dropouts_to_identity`: a Dropout with a constant ratio of 0 or training_mode false is the
 identity, a view that keeps no copy and no mask.
 
-`fold_constants`: a node that reads only embedded constants is the constant it computes, where that
-keeps no more bytes: GPT-2's causal mask buffers (1024 x 1024 per layer) sliced to the sequence length
-are kept as the slices alone, and the masks combined from them (`And` of two 512 x 512 comparisons,
-reshaped) as their one result, as ONNX Runtime's constant folding keeps them (12 MiB less in GPT-2
-small's step; 0.25 MiB in GPT-2 medium's). Only embedded constants are read (never a parameter:
+`fold_constants`: every value that depends on no graph input is computed once. Exports without
+constant folding (torch.onnx's optimize=False) write constants as arithmetic: RMSNorm's axes as
+Reshape(Constant, Constant), a Slice's ends from Shape -> Gather -> Div -> Unsqueeze -> Concat; the
+rules need them as constants. A result becomes an initializer where that keeps no more bytes, or is
+small: GPT-2's causal mask buffers (1024 x 1024 per layer) sliced to the sequence length are kept as
+the slices alone, and the masks combined from them (`And` of two 512 x 512 comparisons, reshaped) as
+their one result, as ONNX Runtime's constant folding keeps them (12 MiB less in GPT-2 small's step;
+0.25 MiB in GPT-2 medium's). Only embedded constants and static shapes are read (never a parameter:
 those are graph inputs by then), and never a random op or one with a subgraph.
 """
 
@@ -28,8 +31,6 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
-
-from roam_cli.frontend.shapes import single_node_model
 
 SQRT_2, SQRT_2_OVER_PI, CUBIC = math.sqrt(2), math.sqrt(2 / math.pi), 0.044715
 
@@ -143,46 +144,97 @@ def inactive_dropouts_to_identity(model: onnx.ModelProto) -> int:
     return count
 
 
-# a constant result is not the op's result every run, or not computable by one node alone
+# a constant result is not the op's result every run
 NOT_FOLDED = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial",
-              "Dropout", "If", "Loop", "Scan", "SequenceMap"}
+              "Dropout"}
+SMALL_BYTES = 4096  # shapes, axes, starts, positions: always folded, since the rules read them as constants
+LARGEST_EVALUATED = 1 << 28  # bytes; a larger result (a mask at a long sequence) is not computed at all
 
 
-def fold_constants(model: onnx.ModelProto) -> int:
-    """Each standard node whose inputs are all embedded constants becomes the constant it computes,
-    when that does not grow what is kept: its result is smaller than the largest tensor it reads
-    (once every reader of that tensor folds, it goes), or no larger than the inputs it was the last
-    reader of. Constants left unread go. Returns the count of nodes folded."""
+def fold_constants(model: onnx.ModelProto, types: dict) -> int:
+    """Every standard node whose value depends on no graph input is computed once, in one pass in
+    the graph's order: its inputs are embedded constants or values computed before it, or it is a
+    Shape or Size of a tensor whose shape is static (`types`: name -> (dtype, shape)). Parameters
+    are graph inputs by then, so their values are never read.
+
+    The node becomes an initializer when that does not grow what is kept: a Constant node, a result
+    of at most SMALL_BYTES, one smaller than the largest constant it reads, or one no larger than the
+    constants it was the last reader of. A larger result stays a node, yet later nodes still fold
+    from its value; constant nodes left unread (a big mask only sliced) and unread initializers go.
+    Returns the count of nodes folded."""
     g = model.graph
-    values = {t.name: t for t in g.initializer if not t.external_data}
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 21)
+    embedded = {t.name: t for t in g.initializer if not t.external_data}
+    values: dict[str, np.ndarray] = {}
     readers = Counter(x for n in g.node for x in n.input)
     readers.update(o.name for o in g.output)
-    kept, folded = [], []
+    kept, folded, count = [], [], 0
     for n in g.node:
         ins = [x for x in n.input if x]
-        if (n.domain in ("", "ai.onnx") and n.op_type not in NOT_FOLDED and len(n.output) == 1 and ins
-                and all(x in values for x in ins)):
-            arrays = {x: numpy_helper.to_array(values[x]) for x in ins}
-            types = {x: (values[x].data_type, list(values[x].dims)) for x in ins}
-            types[n.output[0]] = (values[ins[0]].data_type, None)  # declared only: the result's own type is kept
-            try:
-                (result,) = ReferenceEvaluator(single_node_model(n, types)).run(None, arrays)
-                result = np.asarray(result)
-            except Exception:  # noqa: BLE001  (an op form the reference evaluator lacks: left as it is)
-                result = None
-            freed = sum(arrays[x].nbytes for x in set(ins) if readers[x] == ins.count(x))
-            if result is not None and (result.nbytes < max(a.nbytes for a in arrays.values()) or result.nbytes <= freed):
-                values[n.output[0]] = numpy_helper.from_array(result, n.output[0])
-                folded.append(values[n.output[0]])
-                for x in ins:
-                    readers[x] -= 1
-                continue
-        kept.append(n)
-    if folded:
-        read = {x for n in kept for x in n.input} | {o.name for o in g.output}
-        inits = [t for t in g.initializer if t.name in read] + [t for t in folded if t.name in read]
-        del g.node[:]
-        g.node.extend(kept)
-        del g.initializer[:]
-        g.initializer.extend(inits)
-    return len(folded)
+        results = evaluate(n, ins, embedded, values, types, opset)
+        if results is None:
+            kept.append(n)
+            continue
+        values.update(zip(n.output, results))
+        made = sum(r.nbytes for r in results)
+        read = {x: values[x].nbytes for x in ins if x in values}
+        freed = sum(size for x, size in read.items() if readers[x] == ins.count(x))
+        if n.op_type == "Constant" or made <= max(SMALL_BYTES, freed) or made < max(read.values(), default=0):
+            folded.extend(n.output)
+            count += 1
+            for x in ins:
+                readers[x] -= 1
+        else:
+            kept.append(n)
+    live = []
+    for n in reversed(kept):  # constant nodes nothing reads any more go, and what only they read
+        if all(o in values and not readers[o] for o in n.output):
+            for x in n.input:
+                readers[x] -= 1
+        else:
+            live.append(n)
+    read = {x for n in live for x in n.input} | {o.name for o in g.output}
+    inits = [t for t in g.initializer if t.name in read] + [numpy_helper.from_array(values[x], x) for x in folded
+                                                              if x in read]
+    del g.node[:]
+    g.node.extend(reversed(live))
+    del g.initializer[:]
+    g.initializer.extend(inits)
+    return count
+
+
+def evaluate(n: onnx.NodeProto, ins: list[str], embedded: dict, values: dict, types: dict, opset: int
+             ) -> list[np.ndarray] | None:
+    """The values of n's outputs when they depend on no graph input (None otherwise, or when the
+    reference evaluator lacks the op's form, or when they would be too large to compute)."""
+    if (n.domain not in ("", "ai.onnx") or n.op_type in NOT_FOLDED or not all(n.output)
+            or any(a.type in (onnx.AttributeProto.GRAPH, onnx.AttributeProto.GRAPHS) for a in n.attribute)):
+        return None
+    if n.op_type in ("Shape", "Size"):  # of the static shape alone: the tensor itself is not read
+        shape = types.get(n.input[0], (None, None))[1]
+        if shape is None:
+            return None
+        if n.op_type == "Size":
+            return [np.array(int(np.prod(shape)), np.int64)]
+        attrs = {a.name: helper.get_attribute_value(a) for a in n.attribute}
+        return [np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], np.int64)]  # clamped as Shape's
+    if not all(x in values or x in embedded for x in ins):
+        return None
+    if all(o in types for o in n.output) and sum(
+            int(np.prod(types[o][1])) * helper.tensor_dtype_to_np_dtype(types[o][0]).itemsize
+            for o in n.output) > LARGEST_EVALUATED:
+        return None
+    try:
+        for x in ins:
+            if x not in values:
+                values[x] = numpy_helper.to_array(embedded[x])
+        results = ReferenceEvaluator(n, opsets={"": opset}).run(None, {x: values[x] for x in ins})
+    except Exception:  # noqa: BLE001  (an op form the reference evaluator lacks, corrupt data: left to ONNX Runtime)
+        return None
+    if not all(isinstance(r, (np.ndarray, np.generic)) for r in results):  # a sequence or an optional
+        return None
+    results = [np.asarray(r) for r in results]
+    made = [(helper.np_dtype_to_tensor_dtype(r.dtype), r.shape) for r in results]
+    if any(o in types and types[o] != t for o, t in zip(n.output, made)):
+        return None  # not what shape inference says the node makes: left to ONNX Runtime
+    return results

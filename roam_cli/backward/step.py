@@ -14,6 +14,7 @@ from roam_cli.backward.engine import static_types
 from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.backward.rewrite import fold_constants, fuse_gelu, inactive_dropouts_to_identity
+from roam_cli.backward.sequences import lower_sequences
 from roam_cli.frontend.training_graph import Artifacts, Survey
 
 LAZY_RESET = "lazy_reset_grad"
@@ -25,11 +26,13 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     parameters the loss does not depend on (they get no gradient and stay as they are)."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    loss_name = add_loss(out, loss, static_types(out))
+    lower_sequences(out)  # before shape inference, which sees tensors only
+    types = static_types(out)
+    loss_name = add_loss(out, loss, types)
     fuse_gelu(out)
     inactive_dropouts_to_identity(out)
     as_inputs(out.graph, [*trainable, *frozen])
-    fold_constants(out)
+    fold_constants(out, types)  # after as_inputs: no parameter is read
     training, grads = gradient_model(out, trainable, loss_name)
     g = training.graph
     read = {x for n in g.node for x in n.input}
