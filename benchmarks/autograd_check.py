@@ -111,10 +111,38 @@ def batch(config, names: list[str], language: bool, k: int) -> tuple[dict[str, n
     return feeds, rng.integers(0, config.num_labels, (BATCH,)).astype(np.int64)
 
 
+def fresh(cls, config):
+    """`cls(config)` with random weights (seed 0), every parameter then moved by N(0, 0.02^2) so
+    that no two are equal (a fresh model's equal LayerNorm weights are merged by exporters)."""
+    torch.manual_seed(SEED)
+    model = cls(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(torch.randn_like(p) * 0.02)
+    return model
+
+
+def cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """F.cross_entropy (mean) with the class axis where roam's loss finds it: the last when the
+    labels have the logits' shape without it (a language model's [tokens, vocab] view), else axis 1."""
+    if logits.dim() >= 3 and labels.shape == logits.shape[:-1]:
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1))
+    return F.cross_entropy(logits, labels)
+
+
 def torch_loss(wrapped, feeds: dict, labels: np.ndarray, dtype=torch.float32):
     logits = wrapped(*(torch.from_numpy(v).to(dtype) if v.dtype == np.float32 else torch.from_numpy(v)
                        for v in feeds.values()))
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), torch.from_numpy(labels).reshape(-1))
+    return cross_entropy(logits, torch.from_numpy(labels))
+
+
+def torch_gradients(wrapped, feeds: dict, labels: np.ndarray, dtype=torch.float32) -> dict[str, np.ndarray]:
+    """PyTorch autograd's gradient of `torch_loss` for every parameter that gets one, by
+    `named_values` name (tied parameters once)."""
+    wrapped.zero_grad()
+    torch_loss(wrapped, feeds, labels, dtype).backward()
+    return {k: p.grad.numpy().copy() for k, p in named_values(wrapped).items()
+            if isinstance(p, torch.nn.Parameter) and p.grad is not None}
 
 
 def named_values(module) -> dict[str, torch.Tensor]:
@@ -134,13 +162,43 @@ def session(model: onnx.ModelProto):
     return ort.InferenceSession(model.SerializeToString(), so, providers=["CPUExecutionProvider"])
 
 
+GRADIENT_BUFFER = "_grad.accumulation.buffer"  # <parameter> + this: its accumulator, an input of the graph
+
+
+def roam_gradients(train: onnx.ModelProto, values: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """One run of a training graph in roam's layout on `values` (parameters, batch and labels by
+    input name) with zeroed accumulators: the gradient of each parameter it trains, read from
+    `<parameter>_grad` (made an output of `train`, in place)."""
+    trained = [i.name[: -len(GRADIENT_BUFFER)] for i in train.graph.input if i.name.endswith(GRADIENT_BUFFER)]
+    train.graph.output.extend(onnx.helper.make_empty_tensor_value_info(f"{p}_grad") for p in trained)
+    s = session(train)
+    inputs = {**values, "lazy_reset_grad": np.ones(1, bool)}
+    inputs.update({f"{p}{GRADIENT_BUFFER}": np.zeros(values[p].shape, np.float32) for p in trained})
+    fed = {i.name for i in s.get_inputs()}
+    return dict(zip(trained, s.run([f"{p}_grad" for p in trained], {k: v for k, v in inputs.items() if k in fed})))
+
+
+def relative_errors(ours: dict[str, np.ndarray], theirs: dict[str, np.ndarray]
+                    ) -> tuple[dict[str, float], dict[str, tuple[float, float]]]:
+    """||ours - theirs|| / ||theirs|| per tensor of `theirs` (inf where `ours` has none). A tensor
+    whose exact gradient is zero (an attention key's bias: softmax is invariant to it) has float
+    noise for a gradient in both: those whose norm is below 1e-6 of the largest come apart, as
+    (their norm, ||ours - theirs||)."""
+    norm = {p: float(np.linalg.norm(g)) for p, g in theirs.items()}
+    largest = max(norm.values())
+    errors, noise = {}, {}
+    for p, g in theirs.items():
+        diff = float(np.linalg.norm(ours[p] - g)) if p in ours else float("inf")
+        if norm[p] < 1e-6 * largest:
+            noise[p] = (norm[p], diff)
+        else:
+            errors[p] = diff / norm[p]
+    return errors, noise
+
+
 def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
     config, cls, names, language = configs(layers, full)[name]
-    torch.manual_seed(SEED)
-    model = cls(config).train()
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(torch.randn_like(p) * 0.02)
+    model = fresh(cls, config).train()
     wrapped = Wrapped(model, names[1:])
     feeds0, labels0 = batch(config, names, language, 0)
     t = time.time()
@@ -153,16 +211,9 @@ def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
     values = {k: v.detach().numpy().copy() for k, v in named_values(wrapped).items()}
 
     # PyTorch: the gradients at the start, then 20 AdamW steps
-    wrapped.zero_grad()
-    torch_loss(wrapped, feeds0, labels0).backward()
-    grads = {k: p.grad.numpy().copy() for k, p in named_values(wrapped).items()
-             if isinstance(p, torch.nn.Parameter) and p.grad is not None}
+    grads = torch_gradients(wrapped, feeds0, labels0)
     # the same gradients in float64: how far float32 itself is from them, PyTorch's and roam's
-    exact = copy.deepcopy(wrapped).double()
-    exact.zero_grad()
-    torch_loss(exact, feeds0, labels0, torch.float64).backward()
-    grads64 = {k: p.grad.numpy().copy() for k, p in named_values(exact).items() if k in grads}
-    del exact
+    grads64 = torch_gradients(copy.deepcopy(wrapped).double(), feeds0, labels0, torch.float64)
     opt = torch.optim.AdamW(model.parameters(), lr=LR, betas=(0.9, 0.999), eps=EPS, weight_decay=0.0)
     theirs = []
     for k in range(STEPS):
@@ -182,28 +233,12 @@ def check(name: str, layers: int, full: set[str], folder: Path) -> dict:
     training_graph.make(forward, folder / f"{name}.step.onnx", loss="cross-entropy", backward=roam_backward,
                         in_graph=True, optimizer=AdamW(eps=EPS))
     train = onnx.load(str(folder / f"{name}.train.onnx"))
-    buffer = "_grad.accumulation.buffer"
-    trainable = [i.name[: -len(buffer)] for i in train.graph.input if i.name.endswith(buffer)]
-    train.graph.output.extend(onnx.helper.make_empty_tensor_value_info(f"{p}_grad") for p in trainable)
-    s = session(train)
-    fed = {i.name: i for i in s.get_inputs()}
-    inputs = {**values, **feeds0, "labels": labels0, "lazy_reset_grad": np.ones(1, bool)}
-    for i in s.get_inputs():
-        if i.name.endswith(buffer):
-            inputs[i.name] = np.zeros(values[i.name[: -len(buffer)]].shape, np.float32)
-    ours = dict(zip(trainable, s.run([f"{p}_grad" for p in trainable], {k: v for k, v in inputs.items() if k in fed})))
-    del s, train
+    ours = roam_gradients(train, {**values, **feeds0, "labels": labels0})
+    trainable = list(ours)
+    del train
     gc.collect()
 
-    norm = {p: float(np.linalg.norm(g)) for p, g in grads.items()}
-    largest = max(norm.values())
-    errors, noise = {}, {}
-    for p, g in grads.items():
-        diff = float(np.linalg.norm(ours[p] - g)) if p in ours else float("inf")
-        if norm[p] < 1e-6 * largest:
-            noise[p] = (norm[p], diff)
-        else:
-            errors[p] = diff / norm[p]
+    errors, noise = relative_errors(ours, grads)
     worst = max(errors, key=errors.get)
 
     def off_float64(got: dict) -> tuple[float, str]:
