@@ -11,7 +11,7 @@ from rich.console import Console
 
 from roam_cli import __version__, budget as budget_mod, layout, order, pair, pipeline, recompute, tradeoff as tradeoff_mod
 from roam_cli.core import plan as plan_io
-from roam_cli.core.errors import CheckFailed, RoamError
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
 from roam_cli.core.fileio import check_output_folder, check_output_path, make_folder, write_all_atomic, write_atomic
 from roam_cli.core.units import format_bytes, parse_bytes
 from roam_cli.frontend import training_graph
@@ -824,7 +824,8 @@ def lower(obj, model, out_path, as_json):
               help="Loss added on the first output (none: the first output already is the loss).")
 @click.option("--requires-grad", "requires_grad", multiple=True, metavar="NAMES",
               help="Trainable parameters, comma-separated (default: initializers named like parameters).")
-@click.option("--frozen", multiple=True, metavar="NAMES", help="Parameters not to train, comma-separated.")
+@click.option("--frozen", multiple=True, metavar="PATTERNS",
+              help="Parameters not to train: globs, comma-separated (buffers are never trained).")
 @click.option("--trainable", multiple=True, metavar="PATTERNS",
               help="Also train the floating-point initializers (not scalars) these globs match, comma-separated "
                    "(weights the exporter folded into constants, e.g. 'val_*').")
@@ -846,9 +847,12 @@ def lower(obj, model, out_path, as_json):
 @click.option("--fused", is_flag=True,
               help="With --backend ort-artifacts: keep ONNX Runtime's fused training ops (runs on "
                    "onnxruntime-training only) instead of writing standard ONNX.")
+@click.option("--allow-folded-batchnorm", is_flag=True,
+              help="Train an export whose BatchNorms the exporter folded into its convolutions as it is "
+                   "(refused by default: it computes the eval-mode function).")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
-                        optimizer_path, checkpoint_path, dims, backend, fused):
+                        optimizer_path, checkpoint_path, dims, backend, fused, allow_folded_batchnorm):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
@@ -872,7 +876,8 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), trainable=split_names(trainable), optimizer=optimizer,
                                in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
-                               dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused)
+                               dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused,
+                               allow_folded_batchnorm=allow_folded_batchnorm)
     if as_json:
         names = made.survey.names() if made.survey is not None else {}
         click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],
@@ -914,6 +919,9 @@ def main() -> None:
     except CheckFailed as e:
         print(f"roam: {e}", file=sys.stderr)
         code = 1
+    except RoamBug as e:
+        print(f"roam: internal error: {str(e).splitlines()[0]}", file=sys.stderr)
+        code = 3
     except MemoryError:
         print("roam: error: out of memory", file=sys.stderr)
         code = 2

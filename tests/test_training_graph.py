@@ -115,7 +115,7 @@ def test_survey_takes_named_parameters_and_frozen_ones():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(requires_grad=["fc.weight", "encoder.missing.weight"]), "1 named parameters are not in the graph"),
-    (dict(frozen=["nope"]), "not in the graph"),
+    (dict(frozen=["nope"]), "--frozen .nope. matches no name in the graph"),
     (dict(requires_grad=["shape"]), "is not floating-point"),
 ])
 def test_survey_refuses_names_that_did_not_survive_or_cannot_train(kwargs, message):

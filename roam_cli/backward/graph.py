@@ -22,5 +22,11 @@ def gradient_model(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[o
     del g.output[:]
     g.output.append(helper.make_tensor_value_info(loss, tape.dtype(loss), tape.shape(loss)))
     g.output.extend(helper.make_tensor_value_info(grads[p], tape.dtype(p), tape.shape(p)) for p in wrt if p in grads)
+    # roam's static types, kept for lowering: ONNX's inference stops at a BatchNormalization in
+    # training mode with its saved statistics (5 outputs where opsets <= 17 allow 3), and an export
+    # without value_info (TorchScript's) would leave every tensor after it without a rank
+    declared = {vi.name for vi in (*g.input, *g.output, *g.value_info)} | {t.name for t in g.initializer}
+    g.value_info.extend(helper.make_tensor_value_info(name, dtype, list(shape)) for name, (dtype, shape) in tape.static.items()
+                        if name not in declared and dtype)
     return out, grads
 

@@ -1,4 +1,4 @@
-"""The two ways a command stops early; the CLI maps them to exit codes."""
+"""The ways a command stops early; the CLI maps them to exit codes."""
 
 
 class RoamError(Exception):
@@ -7,6 +7,11 @@ class RoamError(Exception):
 
 class CheckFailed(Exception):
     """A check ran and the subject failed it (verify, capacity). Exit 1."""
+
+
+class RoamBug(Exception):
+    """roam made something wrong (a graph the runtime refuses) and caught it before writing it.
+    The CLI prints the message as one line and exits 3, as for any internal error."""
 
 
 def first_line(e: Exception) -> str:

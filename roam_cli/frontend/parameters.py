@@ -49,6 +49,14 @@ FIXES = {"dynamo": "roam_cli.frontend.torch_export.export, or with torch.onnx.ex
                         "onnx --no-constant-folding",
          "": "export without constant folding"}
 ROAM_ROUTE = "roam_cli.frontend.torch_export.export (keeps every parameter)"
+# Module buffers an exporter without a record keeps under their PyTorch names, like parameters:
+# running statistics, rotary frequencies, position tables, masks. Not trained.
+BUFFER_LEAVES = {"running_mean", "running_var", "num_batches_tracked", "inv_freq", "original_inv_freq",
+                 "position_ids", "token_type_ids", "masked_bias", "cos_cached", "sin_cached"}
+# What keeps a BatchNormalization in the export (eval-mode exports fold it into the convolution).
+KEEP_NORMS = {"dynamo": "re-export with torch.onnx.export(..., dynamo=True, optimize=False)",
+              "torchscript": "re-export with torch.onnx.export(..., dynamo=False, do_constant_folding=False)",
+              "": "re-export without constant folding"}
 
 
 @dataclass
@@ -63,6 +71,14 @@ class Found:
     exporter: str  # "dynamo", "torchscript" or "" (unknown)
     tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
     fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
+    folded_norms: list[str] = field(default_factory=list)  # the BatchNorms folded into convolutions (modules)
+
+    def folded_norms_refusal(self) -> str:
+        """The one line that refuses an export whose BatchNorms were folded away: a different function."""
+        return (f"the exporter folded {len(self.folded_norms)} BatchNormalization layers into their convolutions "
+                f"({', '.join(self.folded_norms[:3])}{', ...' if len(self.folded_norms) > 3 else ''}): the graph "
+                f"computes the eval-mode function, which trains differently; {KEEP_NORMS[self.exporter]}, or train "
+                "it as it is with --allow-folded-batchnorm")
 
     def warnings(self) -> list[str]:
         """One line per kind of loss, each naming the parameters and the fix."""
@@ -91,7 +107,7 @@ class Found:
 def looks_like_parameter(name: str) -> bool:
     """A framework parameter path (`encoder.layer.0.query.weight`), not an exporter-made constant
     (`val_42`, `onnx::MatMul_7`, `/layer/Constant_output_0`)."""
-    return "." in name and not name.startswith(("onnx::", "/"))
+    return "." in name and not name.startswith(("onnx::", "/")) and name.rsplit(".", 1)[-1] not in BUFFER_LEAVES
 
 
 def signature(model: onnx.ModelProto) -> dict[str, tuple[str, str]]:
@@ -178,7 +194,21 @@ def find(model: onnx.ModelProto) -> Found:
     accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
     exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
-    return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms)
+    return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms,
+                 norms_folded(g, record, missing, fused_norms))
+
+
+def norms_folded(g: onnx.GraphProto, record: dict[str, tuple[str, str]], missing: list[str],
+                 fused: list[str]) -> list[str]:
+    """The BatchNorms an eval-mode export folded into its convolutions: the record's modules with
+    running statistics whose scale or shift the graph lost (a train-mode export writes BatchNorm
+    as the ops it is made of, reading both), or, without a record, the convolution biases
+    folding made."""
+    if record:
+        norms = dict.fromkeys(name.removesuffix(".running_mean") for _, name in record.values()
+                              if name.endswith(".running_mean"))
+        return [m for m in norms if f"{m}.weight" in missing or f"{m}.bias" in missing]
+    return list(fused)
 
 
 def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state, build_and_package_info
 
-from roam_cli.core.errors import RoamError
+from roam_cli.core.errors import RoamBug, RoamError, first_line
 
 PACKAGE = getattr(build_and_package_info, "package_name", "onnxruntime")
 RUNTIME = f"{PACKAGE} {ort.__version__}"
@@ -88,6 +88,33 @@ def check_runs(model: onnx.ModelProto, what: str) -> None:
         if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
+
+
+def check_loads(model: onnx.ModelProto, what: str, folder: Path) -> None:
+    """Before a graph roam made is written: the onnx checker's full check (of a graph of ONNX's
+    own ops: ORT's fused training ops are not in its schemas), and a session of this ONNX Runtime
+    created on it (where it has the graph's ops: the fused ones need onnxruntime-training). A
+    refusal is roam's bug: RoamBug, naming what was refused."""
+    fused = any(not onnx.defs.has(n.op_type, n.domain) for n in model.graph.node)
+    try:
+        if not fused and model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
+            onnx.checker.check_model(model, full_check=True)
+    except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as e:
+        raise RoamBug(f"{what} fails the onnx checker ({first_line(e)}); nothing was written") from None
+    if fused and not TRAINING_OPS:
+        return
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    for key, value in locate_weights(probe, folder).items():
+        options.add_session_config_entry(key, value)
+    try:
+        ort.InferenceSession(probe.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # noqa: BLE001  (ORT raises its own exception types, one per status)
+        reason = " ".join(str(e).split()).rsplit("[ONNXRuntimeError] : ", 1)[-1]
+        raise RoamBug(f"{what} is refused by {RUNTIME}: {reason[:300]}; nothing was written") from None
 
 
 def locate_weights(model: onnx.ModelProto, folder: Path) -> dict[str, str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import json
 import os
 import re
 import tempfile
@@ -34,6 +35,7 @@ from onnx import TensorProto
 
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.frontend.parameters import FLOAT_TYPES, Found, find
+from roam_cli.frontend.recover import SOURCE_KEY, recover
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -116,23 +118,24 @@ class Survey:
                 "exporter": f.exporter if f else ""}
 
 
-def matching(patterns: list[str], names: list[str]) -> list[str]:
+def matching(patterns: list[str], names: list[str], option: str, what: str) -> list[str]:
     """The names any of the glob `patterns` matches; a pattern matching none is an error."""
     chosen = []
     for pattern in patterns:
         hits = [x for x in names if fnmatch.fnmatchcase(x, pattern)]
         if not hits:
-            raise RoamError(f"--trainable {pattern!r} matches no floating-point initializer (scalars excluded)")
+            raise RoamError(f"{option} {pattern!r} matches no {what}")
         chosen += hits
     return list(dict.fromkeys(chosen))
 
 
 def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, frozen: list[str] = (),
-           trainable: list[str] = ()) -> Survey:
+           trainable: list[str] = (), found: Found | None = None) -> Survey:
     """Choose the trainable parameters: `requires_grad` if given (initializers or graph inputs),
     else the parameters the exporter kept (`parameters.find`) that are not running state; plus
     the floating-point initializers, scalars aside, the globs `trainable` match (folded weights);
-    minus `frozen`.
+    minus the names the globs `frozen` match. `found`: `parameters.find`'s answer, when the
+    caller already has it (and has recovered what the exporter folded, `recover.recover`).
     Running state, `frozen` and external-data weights that are not trained are frozen: moved to
     graph inputs, so the training graph never points into weight data. Every other initializer is
     a constant and stays one."""
@@ -146,13 +149,15 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
             if x in roles:
                 roles[x][(n.op_type, k)] += 1
     state = {x for x, r in roles.items() if any(role in STATE_OPERANDS for role in r)}
-    not_found = [x for x in dict.fromkeys(list(requires_grad or []) + list(frozen)) if x not in dtypes]
+    not_found = [x for x in dict.fromkeys(requires_grad or []) if x not in dtypes]
     if not_found:
         raise RoamError(f"{len(not_found)} named parameters are not in the graph ({', '.join(not_found[:3])}"
                         f"{', ...' if len(not_found) > 3 else ''}): the exporter folded, merged or renamed them; "
                         "export with torch.onnx.export(..., optimize=False) and check the names")
-    found = find(model)
-    extra = matching(list(trainable), [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and t.dims])
+    frozen = matching(list(frozen), list(dtypes), "--frozen", "name in the graph")
+    found = found or find(model)
+    extra = matching(list(trainable), [x for x, t in inits.items() if t.data_type in FLOAT_TYPES and t.dims],
+                     "--trainable", "floating-point initializer (scalars excluded)")
     if requires_grad is None:
         chosen = [x for x in found.parameters if x not in state and x not in frozen]
         chosen += [x for x in extra if x not in chosen and x not in frozen]
@@ -167,6 +172,7 @@ def survey(model: onnx.ModelProto, requires_grad: list[str] | None = None, froze
     weights = set(found.parameters) | set(found.folded)
     frozen_all = [x for x, t in inits.items() if x not in chosen and (x in state or x in frozen or (
         x in weights and t.data_location == TensorProto.EXTERNAL))]
+    frozen_all += [x for x in found.parameters if x not in inits and x not in chosen]  # recovered, not trained
     constants = [x for x in inits if x not in chosen and x not in frozen_all]
     elements = sum(int(np.prod(inits[x].dims if x in inits else shape_of(g, x), dtype=np.int64)) for x in chosen)
     found.folded = {x: p for x, p in found.folded.items() if x not in chosen}
@@ -329,17 +335,24 @@ class Made:
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), trainable: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
          optimizer_path: Path | None = None, checkpoint_path: Path | None = None, dims: dict[str, int] | None = None,
-         backward=build, fused: bool = False) -> Made:
+         backward=build, fused: bool = False, allow_folded_batchnorm: bool = False) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
     in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
     `backward` builds the training graph: `build` (ONNX Runtime's artifacts) or roam's own
     (`roam_cli.backward.step.build`: standard ONNX, no optimizer graph). An input that already is
     an artifacts training graph can only become a full step; that path needs neither torch nor
-    onnxruntime.training. `dims` binds symbolic input dimensions (`--dim`) before anything else."""
+    onnxruntime.training. `dims` binds symbolic input dimensions (`--dim`) before anything else.
+
+    Linear weights the exporter folded into transposed constants are trained as the parameters
+    they are (`recover`); an export whose BatchNorms were folded into its convolutions computes
+    another function and is refused unless `allow_folded_batchnorm`. Every graph is checked by
+    the onnx checker and an ONNX Runtime session before it is written (`providers.check_loads`),
+    and records where its parameters came from (`SOURCE_KEY`) for `roam train`'s weights."""
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
     from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
+    from roam_cli.frontend.providers import check_loads
     from roam_cli.lower import lower_model
 
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
@@ -354,6 +367,8 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
 
     def write(*graphs: tuple[Path, str, onnx.ModelProto]) -> None:
         final = [(path, what, proto if fused else lower_model(proto)) for path, what, proto in graphs]
+        for path, what, proto in final:
+            check_loads(proto, f"the {what} roam made", infer_path.parent)
         for path, what, proto in final:
             write_atomic(path, proto.SerializeToString())
             written.append((path, what, len(proto.graph.node)))
@@ -379,12 +394,18 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
     repaired = repair(model)
     clamp_ir(model)
-    chosen = survey(model, requires_grad, frozen, trainable)
+    found = find(model)
+    if found.folded_norms and not allow_folded_batchnorm:
+        raise RoamError(found.folded_norms_refusal())
+    recovered = recover(model, found, infer_path.parent)
+    chosen = survey(model, requires_grad, frozen, trainable, found)
     chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
     chosen.frozen += chosen.unfed
     chosen.constants = [x for x in chosen.constants if x not in chosen.unfed]
     built = backward(model, chosen, loss, None if in_graph else optimizer)
     graph = full_step(built.training, optimizer) if in_graph else built.training
+    source = {"model": os.path.relpath(infer_path.resolve(), out_path.resolve().parent), **recovered.record()}
+    graph.metadata_props.add(key=SOURCE_KEY, value=json.dumps(source))
     if checkpoint_path:  # first: reading the weights may still fail
         write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
         written.append((checkpoint_path, "checkpoint", 0))
