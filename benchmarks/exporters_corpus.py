@@ -9,14 +9,16 @@ vocabulary 128; batch 2, 8 tokens or 32x32 images), built from their configurati
 weights (seed 0, every parameter then moved by N(0, 0.02^2): `autograd_check.fresh`), every
 configured dropout probability 0 and the architecture's own tie_word_embeddings, no download.
 Each model is put in eval mode, as `from_pretrained` gives it and as users export it, and exported
-three ways (causal LMs take an all-ones attention_mask beside input_ids in all three: the
-TorchScript exporter cannot trace most of them without one):
+three ways (causal LMs take an all-ones attention_mask beside input_ids in all three; with
+transformers 4.57 the TorchScript exporter fails on most of them either way, `unordered_map::at`:
+it cannot trace the vmap that builds their causal masks):
 
 - dynamo:                torch.onnx.export(model, args, path, kwargs=..., dynamo=True)  (optimize=True)
 - dynamo-optimize-false: the same with optimize=False
 - torchscript:           torch.onnx.export(model, args, path, kwargs=..., dynamo=False, opset_version=17)
 
-An export that fails is recorded with the exporter's first line, not counted against roam. Then
+An export that fails is recorded with the exporter's first line, not counted against roam, and so is
+one whose graph takes an input beyond the model's (Falcon's TorchScript trace: a traced integer). Then
 `roam make-training-graph model.onnx -o train.onnx --loss cross-entropy --json` runs (the venv's
 `roam`, its exit code and stderr kept). Of a training graph written:
 - whether ONNX Runtime creates a session for it (the target: no graph written that it refuses);
@@ -117,14 +119,15 @@ def configs():
         "deit": (hf.DeiTConfig(**vit), hf.DeiTForImageClassification, "image"),
         "swin": (hf.SwinConfig(image_size=IMAGE, patch_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2],
                                window_size=4, num_labels=10, **eager), hf.SwinForImageClassification, "image"),
-        "convnext": (hf.ConvNextConfig(hidden_sizes=[16, 32], depths=[1, 1], num_labels=10),
+        "convnext": (hf.ConvNextConfig(num_stages=2, hidden_sizes=[16, 32], depths=[1, 1], num_labels=10),
                      hf.ConvNextForImageClassification, "image"),
         "resnet": (hf.ResNetConfig(embedding_size=8, hidden_sizes=[16, 32], depths=[1, 1], layer_type="basic",
                                    num_labels=10), hf.ResNetForImageClassification, "image"),
         "mobilenet-v2": (hf.MobileNetV2Config(image_size=IMAGE, depth_multiplier=0.25, num_labels=10),
                          hf.MobileNetV2ForImageClassification, "image"),
         "efficientnet": (hf.EfficientNetConfig(image_size=IMAGE, width_coefficient=0.25, depth_coefficient=0.25,
-                                               hidden_dim=64, num_labels=10), hf.EfficientNetForImageClassification,
+                                               hidden_dim=320, num_labels=10),  # round_filters(1280) at 0.25
+                         hf.EfficientNetForImageClassification,
                          "image"),
         "segformer": (hf.SegformerConfig(num_encoder_blocks=2, depths=[1, 1], sr_ratios=[2, 1], hidden_sizes=[16, 32],
                                          patch_sizes=[7, 3], strides=[4, 2], num_attention_heads=[1, 2],
@@ -180,6 +183,12 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
         export(model, feeds, exporter, folder / "model.onnx")
     except Exception as e:  # noqa: BLE001  (the exporter's own failure: the cell says it)
         return r | {"export_error": f"{type(e).__name__}: {first_line(e)}"}
+    forward = onnx.load(str(folder / "model.onnx"))
+    constants = {t.name: t for t in forward.graph.initializer}
+    batch_inputs = [i.name for i in forward.graph.input if i.name not in constants]  # TorchScript's: input.1, ...
+    if len(batch_inputs) > len(feeds):  # a value the trace made an input: no batch of the model's fills it
+        extra = ", ".join(batch_inputs[len(feeds):])
+        return r | {"export_error": f"the export takes inputs the model does not: {extra}"}
     proc = subprocess.run([str(ROAM), "make-training-graph", "model.onnx", "-o", "train.onnx", "--loss",
                            "cross-entropy", "--json"], cwd=folder, capture_output=True, text=True)
     lines = proc.stderr.strip().splitlines()
@@ -200,8 +209,9 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
         aliases.setdefault(id(t), []).append(n)
     tied = {names[0]: names[1:] for names in aliases.values()}
     named = [p for p in untrained if any(re.search(rf"(?<![\w.]){re.escape(p)}(?![\w.])", w) for w in r["warnings"])]
+    listed = accounted(json.loads(proc.stdout))
     r |= dict(trained=[p for p in trained if p in grads], other_trained=[p for p in trained if p not in grads],
-              untrained=untrained, untrained_named=named,
+              untrained=untrained, untrained_named=named, untrained_listed=[p for p in untrained if p in listed],
               untrained_tied={p: a for p in untrained for a in tied[p] if a in trained})
     try:
         session(train)
@@ -209,15 +219,16 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
     except Exception as e:  # noqa: BLE001
         return r | {"ort_loads": False, "ort_error": one_line(e)}
 
-    forward = onnx.load(str(folder / "model.onnx"))
-    constants = {t.name: t for t in forward.graph.initializer}
-    batch_inputs = [i.name for i in forward.graph.input if i.name not in constants]
     values = {n: feeds[n] if n in feeds else list(feeds.values())[k] for k, n in enumerate(batch_inputs)}
     for i in train.graph.input:
         if i.name in weights:
             values[i.name] = weights[i.name]
         elif i.name in constants:
             values[i.name] = numpy_helper.to_array(constants[i.name])
+    unknown = [p for p in trained if p not in values]
+    if unknown:
+        return r | {"run_error": f"{len(unknown)} trained inputs are neither PyTorch parameters nor initializers of "
+                                 f"the export, so nothing gives their values: {', '.join(unknown[:4])}"}
     try:
         ours = roam_gradients(train, {**values, "labels": labels})
     except Exception as e:  # noqa: BLE001
@@ -234,6 +245,16 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
                   for p, (_, diff) in noise.items()}
     r["over"] = [p for p, (e, tol) in (r["errors"] | r["noise"]).items() if not e <= tol]
     return r
+
+
+def accounted(made: dict) -> set[str]:
+    """Every name roam's --json output gives as folded, merged, missing or tied (the warnings show
+    four of each kind)."""
+    names = set(made["missing"])
+    for key in ("folded", "merged", "tied"):  # name -> name, or name -> [names]
+        for k, v in made[key].items():
+            names |= {k, *([v] if isinstance(v, str) else v)}
+    return names
 
 
 def one_line(e: Exception) -> str:
@@ -301,7 +322,7 @@ def notes(r: dict) -> str:
     out = [f"ORT: {r['ort_error'][:200]}"] if "ort_error" in r else []
     if r["untrained"]:
         out.append(f"{len(r['untrained'])} untrained ({len(r['untrained_tied'])} trained under a tied name, "
-                   f"{len(r['untrained_named'])} named by a warning)")
+                   f"{len(r['untrained_named'])} named by a warning, {len(r['untrained_listed'])} in --json)")
     out += [w[:120] + ("…" if len(w) > 120 else "") for w in r["warnings"]]
     return "; ".join(out) or "—"
 
@@ -361,11 +382,13 @@ def causes(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
             if r.get("over"):
                 add("gradients over tolerance", ", ".join(f"{p} {(r['errors'] | r['noise'])[p][0]:.1e}"
                                                           for p in r["over"][:4]), r)
-            tied, named = r.get("untrained_tied", {}), set(r.get("untrained_named", []))
+            tied, named, listed = (r.get(k, v) for k, v in (("untrained_tied", {}), ("untrained_named", []),
+                                                            ("untrained_listed", [])))
             for why, names in (("trained under a tied name", [f"{p} (as {a})" for p, a in tied.items()]),
-                               ("named by a warning", sorted(named - set(tied))),
-                               ("named by no warning", [p for p in r.get("untrained", [])
-                                                        if p not in tied and p not in named])):
+                               ("named by a warning", [p for p in named if p not in tied]),
+                               ("in --json but in no warning", [p for p in listed if p not in tied and p not in named]),
+                               ("neither warned about nor in --json", [p for p in r.get("untrained", [])
+                                                                        if p not in tied and p not in listed + named])):
                 if names:
                     add("untrained", f"{why}: {', '.join(names)}", r)
             for w in r["warnings"]:
