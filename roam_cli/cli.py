@@ -352,10 +352,15 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
               help="Run the same steps on a plain ORT session too and check outputs and final state (1e-5).")
 @click.option("--allow-unplanned", is_flag=True,
               help="Serve requests the plan does not cover from the system and count them, instead of stopping.")
+@click.option("--save-weights", "save_weights", type=click.Path(path_type=Path),
+              help="Write the trained parameters under their PyTorch names (.safetensors or .npz): "
+                   "model.load_state_dict(weights, strict=False) loads them.")
+@click.option("--save-model", "save_model", type=click.Path(path_type=Path),
+              help="Write the inference export the step was made from, with the trained weights.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-          allow_unplanned, as_json):
+          allow_unplanned, save_weights, save_model, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -369,19 +374,27 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     counts it. Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with
     --compare when the planned run differs from the plain one by more than 1e-5 relative.
 
+    A step roam made from an inference export starts from that export's weights (where its data
+    can be read; else they are synthesised, as are inputs --inputs does not give), and gives them
+    back: --save-weights for PyTorch, --save-model as the export with the trained weights.
+
     \b
     Examples:
       roam train step.onnx --plan plan.json --steps 20
       roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
       roam train step.onnx --plan plan.json --allow-unplanned
+      roam train step.onnx --plan plan.json --steps 100 --save-weights trained.safetensors --save-model trained.onnx
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary, train as run_training
 
+    for i, path in enumerate(p for p in (save_weights, save_model) if p is not None):
+        check_output_path(path, [model, plan_path] + [p for p in (save_weights, save_model) if p is not None][:i])
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
-                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None)
+                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
+                          save_weights=save_weights, save_model=save_model)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:
@@ -847,12 +860,15 @@ def lower(obj, model, out_path, as_json):
 @click.option("--fused", is_flag=True,
               help="With --backend ort-artifacts: keep ONNX Runtime's fused training ops (runs on "
                    "onnxruntime-training only) instead of writing standard ONNX.")
+@click.option("--optimizer-setting", "optimizer_settings", multiple=True, metavar="NAME=VALUE",
+              help="A setting of the in-graph optimizer over its default (AdamW: beta1, beta2, eps, weight_decay, "
+                   "convention=onnxruntime|pytorch: whose maths).")
 @click.option("--allow-folded-batchnorm", is_flag=True,
               help="Train an export whose BatchNorms the exporter folded into its convolutions as it is "
                    "(refused by default: it computes the eval-mode function).")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
-                        optimizer_path, checkpoint_path, dims, backend, fused, allow_folded_batchnorm):
+                        optimizer_path, checkpoint_path, dims, backend, fused, optimizer_settings, allow_folded_batchnorm):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
@@ -877,7 +893,8 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
                                frozen=split_names(frozen), trainable=split_names(trainable), optimizer=optimizer,
                                in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
                                dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused,
-                               allow_folded_batchnorm=allow_folded_batchnorm)
+                               allow_folded_batchnorm=allow_folded_batchnorm,
+                               optimizer_settings=parse_pairs(optimizer_settings, "--optimizer-setting", False))
     if as_json:
         names = made.survey.names() if made.survey is not None else {}
         click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],

@@ -185,10 +185,15 @@ def test_full_step_replaces_accumulators_with_updates_declared_in_place(sample_t
 
 
 def adamw_reference(p, g, m, v, lr, t, opt: AdamW):
-    """ONNX Runtime's AdamWOptimizer, adam_mode 1 with bias correction, in float64."""
+    """ONNX Runtime's AdamWOptimizer, adam_mode 1 with bias correction, in float64; or
+    torch.optim.AdamW's step as its documentation writes it."""
     p, g, m, v = (np.asarray(a, np.float64) for a in (p, g, m, v))
     m = opt.beta1 * m + (1 - opt.beta1) * g
     v = opt.beta2 * v + (1 - opt.beta2) * g * g
+    if opt.convention == "pytorch":
+        p = p * (1 - lr * opt.weight_decay)
+        m_hat, v_hat = m / (1 - opt.beta1 ** t), v / (1 - opt.beta2 ** t)
+        return p - lr * m_hat / (np.sqrt(v_hat) + opt.eps), m, v
     lr_corrected = lr * np.sqrt(1 - opt.beta2 ** t) / (1 - opt.beta1 ** t)
     p = p - lr_corrected * m / (np.sqrt(v) + opt.eps)
     return p - lr * opt.weight_decay * p, m, v
@@ -203,7 +208,7 @@ def run_with_gradients(step_model, params, feeds):
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
-@pytest.mark.parametrize("opt", [AdamW(), AdamW(weight_decay=0.01)])
+@pytest.mark.parametrize("opt", [AdamW(), AdamW(weight_decay=0.01), AdamW(eps=1e-3, weight_decay=0.01, convention="pytorch")])
 def test_one_adamw_step_matches_the_artifacts_optimizer_and_numpy(sample_training, opt):
     step = in_runnable_form(full_step(sample_training, opt))
     params = list(gradient_accumulators(sample_training.graph))
@@ -404,3 +409,12 @@ def test_a_weightless_bert_keeps_its_buffers_values_and_no_parameter_data(tmp_pa
     assert embedded["bert.embeddings.token_type_ids"].tolist() == [[0] * 16]
     assert embedded["bert.embeddings.position_ids"].tolist() == [list(range(16))]
     assert exported.data_file == "weights.bin"
+
+
+def test_the_two_adamw_conventions_differ_where_eps_meets_the_bias_correction():
+    """One element, g = 1e-3, eps = 1e-3, step 1: ONNX Runtime divides by sqrt((1 - b2) g^2) + eps
+    (3.2e-5 + 1e-3), PyTorch by |g| + eps (2e-3): updates 0.0306 lr vs 0.5 lr."""
+    ort_way = adamw_reference([0.0], [1e-3], [0.0], [0.0], 1.0, 1, AdamW(eps=1e-3))[0]
+    torch_way = adamw_reference([0.0], [1e-3], [0.0], [0.0], 1.0, 1, AdamW(eps=1e-3, convention="pytorch"))[0]
+    np.testing.assert_allclose(torch_way, [-0.5])
+    np.testing.assert_allclose(ort_way, [-np.sqrt(1e-3) * 1e-4 / 0.1 / (np.sqrt(1e-3) * 1e-3 + 1e-3)])

@@ -35,12 +35,20 @@ LEARNING_RATE, STEP = "learning_rate", "step"  # the artifacts optimizer graph's
 
 @dataclass(frozen=True)
 class AdamW:
-    """onnxruntime.training.onnxblock.optim.AdamW's defaults."""
+    """onnxruntime.training.onnxblock.optim.AdamW's defaults. `convention` "pytorch" is
+    torch.optim.AdamW's maths instead: eps added after the bias correction (ONNX Runtime adds it to
+    the uncorrected sqrt(v), so where |g| is within ~30 eps of zero the two steps differ by up to
+    the learning rate) and the weight decay applied before the update."""
 
     beta1: float = 0.9
     beta2: float = 0.999
     eps: float = 1e-6
     weight_decay: float = 0.0
+    convention: str = "onnxruntime"
+
+    def __post_init__(self):
+        if self.convention not in ("onnxruntime", "pytorch"):
+            raise RoamError(f"AdamW convention {self.convention!r}: choose onnxruntime or pytorch")
 
 
 @dataclass(frozen=True)
@@ -97,6 +105,9 @@ def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw")
         bias2 = w.op("Sub", one, w.op("Pow", w.const(opt.beta2), t))
         lr_corrected = w.op("Div", w.op("Mul", lr, w.op("Sqrt", bias2)), bias1)
         lr_decay = w.op("Mul", lr, w.const(opt.weight_decay)) if opt.weight_decay else None
+        torch_maths = opt.convention == "pytorch"
+        # PyTorch: lr / bias1 * m / (sqrt(v) / sqrt(bias2) + eps) = lr_corrected * m / (sqrt(v) + eps sqrt(bias2))
+        eps = w.op("Mul", w.const(opt.eps), w.op("Sqrt", bias2)) if torch_maths else w.const(opt.eps)
     head, w.nodes = w.nodes, []
 
     # Each update runs right after the last node that reads the parameter's old value or makes its gradient.
@@ -116,11 +127,13 @@ def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw")
                          out=f"{m}.out")
             v_out = w.op("Add", w.op("Mul", v, w.const(opt.beta2)),
                          w.op("Mul", w.op("Mul", grad, grad), w.const(1.0 - opt.beta2)), out=f"{v}.out")
-            denom = w.op("Add", w.op("Sqrt", v_out), w.const(opt.eps))
+            denom = w.op("Add", w.op("Sqrt", v_out), eps)
             update = w.op("Mul", w.op("Div", m_out, denom), lr_corrected)
             if lr_decay is None:
                 p_out = w.op("Sub", p, update, out=f"{p}.out")
-            else:
+            elif torch_maths:  # decay, then the update
+                p_out = w.op("Sub", w.op("Sub", p, w.op("Mul", p, lr_decay)), update, out=f"{p}.out")
+            else:  # the update, then decay
                 moved = w.op("Sub", p, update)
                 p_out = w.op("Sub", moved, w.op("Mul", moved, lr_decay), out=f"{p}.out")
             pairs.update({m_out: m, v_out: v})

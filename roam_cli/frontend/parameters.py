@@ -43,8 +43,7 @@ ATEN_CALLS = {"Conv": ("conv",), "ConvTranspose": ("conv",), "LayerNormalization
               "BatchNormalization": ("batch_norm",), "Gather": ("embedding", "index", "gather"),
               "Gemm": ("addmm", "linear", "mm"), "MatMul": ("matmul", "linear", "mm")}
 # What to change in each exporter's call so that nothing is folded or merged.
-FIXES = {"dynamo": "roam_cli.frontend.torch_export.export, or with torch.onnx.export(..., optimize=False), whose "
-                   "graph ONNX Runtime cannot always differentiate (sequence ops, CastLike)",
+FIXES = {"dynamo": "torch.onnx.export(..., dynamo=True, optimize=False)",
          "torchscript": "torch.onnx.export(..., dynamo=False, do_constant_folding=False), or optimum-cli export "
                         "onnx --no-constant-folding",
          "": "export without constant folding"}
@@ -97,8 +96,8 @@ class Found:
                        f"would train as one: {', '.join(pairs[:4])}{', ...' if len(pairs) > 4 else ''}; perturb "
                        f"the weights before exporting (as after training), or export with {ROAM_ROUTE}")
         if self.missing:
-            out.append(f"{len(self.missing)} of the exporter's parameters are not in the graph (tied to another, "
-                       f"or precomputed by the exporter: a lookup at constant positions, a zero bias): "
+            out.append(f"{len(self.missing)} of the exporter's parameters were lost by the export for good and will "
+                       f"not be trained (precomputed by the exporter: a lookup at constant positions, a zero bias): "
                        f"{', '.join(self.missing[:4])}{', ...' if len(self.missing) > 4 else ''}; re-export with "
                        f"{fix}" + ("" if self.exporter == "dynamo" else f", or with {ROAM_ROUTE}"))
         return out

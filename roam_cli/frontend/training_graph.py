@@ -20,6 +20,7 @@ external data are: they are small, and the training graph computes with their va
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fnmatch
 import json
 import os
@@ -335,7 +336,8 @@ class Made:
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
          frozen: list[str] = (), trainable: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
          optimizer_path: Path | None = None, checkpoint_path: Path | None = None, dims: dict[str, int] | None = None,
-         backward=build, fused: bool = False, allow_folded_batchnorm: bool = False) -> Made:
+         backward=build, fused: bool = False, allow_folded_batchnorm: bool = False,
+         optimizer_settings: dict[str, str] | None = None) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
     in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
@@ -355,6 +357,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     from roam_cli.frontend.providers import check_loads
     from roam_cli.lower import lower_model
 
+    step_optimizer = in_graph_optimizer(optimizer, optimizer_settings or {}, in_graph)
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
     for i, path in enumerate(outputs):
         check_output_path(path, [infer_path] + outputs[:i])
@@ -381,7 +384,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
             raise RoamError("--loss, --requires-grad, --trainable, --frozen and --checkpoint apply to inference "
                             "exports; a training graph has its loss, and its parameters are those with gradient "
                             "accumulators")
-        write((out_path, "full step", full_step(model, optimizer)))
+        write((out_path, "full step", full_step(model, step_optimizer)))
         return Made(None, Counter(), written)
     if loss is None:
         raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
@@ -403,7 +406,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     chosen.frozen += chosen.unfed
     chosen.constants = [x for x in chosen.constants if x not in chosen.unfed]
     built = backward(model, chosen, loss, None if in_graph else optimizer)
-    graph = full_step(built.training, optimizer) if in_graph else built.training
+    graph = full_step(built.training, step_optimizer) if in_graph else built.training
     source = {"model": os.path.relpath(infer_path.resolve(), out_path.resolve().parent), **recovered.record()}
     graph.metadata_props.add(key=SOURCE_KEY, value=json.dumps(source))
     if checkpoint_path:  # first: reading the weights may still fail
@@ -414,6 +417,28 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     else:
         write((out_path, "training graph", graph), (optimizer_path, "optimizer graph", built.optimizer))
     return Made(chosen, repaired, written)
+
+
+def in_graph_optimizer(name: str, settings: dict[str, str], in_graph: bool):
+    """The in-graph optimizer `name` with `settings` (`--optimizer-setting eps=1e-8`, each of its
+    field's type) over its defaults."""
+    from roam_cli.frontend.optimizer_graph import OPTIMIZERS
+
+    default = OPTIMIZERS[name]
+    if settings and not in_graph:
+        raise RoamError("--optimizer-setting applies to the in-graph optimizer: add --in-graph-optimizer")
+    known = set(dataclasses.asdict(default))
+    for key, value in settings.items():
+        if key not in known:
+            raise RoamError(f"--optimizer-setting {key}: {name} has {', '.join(sorted(known)) or 'no settings'}")
+    typed = {}
+    for key, value in settings.items():
+        kind = type(getattr(default, key))
+        try:
+            typed[key] = kind(value)
+        except ValueError:
+            raise RoamError(f"--optimizer-setting {key}: {value!r} is not a {kind.__name__}") from None
+    return dataclasses.replace(default, **typed)
 
 
 def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:

@@ -35,6 +35,7 @@ from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
+from roam_cli.runtime import weights
 from roam_cli.runtime.allocator import ArenaAllocator, planned_requests
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
@@ -94,6 +95,7 @@ class PlannedSession:
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
             check_runs(imported.model, str(model_path))
             self.graph = imported.graph
+            self.source = weights.source_of(imported.model, imported.path.resolve().parent)
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
             not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
             if not_fed:
@@ -331,25 +333,46 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
 
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
-          log_arena: bool = True, allow_unplanned: bool = False, on_step=None) -> dict:
+          log_arena: bool = True, allow_unplanned: bool = False, on_step=None, save_weights: Path | None = None,
+          save_model: Path | None = None) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
-    ORT session (ORT's order and arena) and the differences. Plain values out."""
+    ORT session (ORT's order and arena) and the differences. Plain values out. The weights start
+    from the inference export the step was made from (`weights.Source`), where it can be read;
+    `save_weights` and `save_model` write the trained parameters (`weights.write_weights`, `write_model`)."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
+    if save_weights is not None:
+        weights.check_weights_path(save_weights)
     planned = PlannedSession(model_path, plan, device=device, allocator=allocator, seed=seed, log_arena=log_arena,
                              allow_unplanned=allow_unplanned)
     try:
-        return run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator,
-                         compare, report)
+        if save_model is not None and planned.source is None:
+            raise RoamError(f"--save-model: {model_path} does not record the inference export it was made from "
+                            "(roam make-training-graph records it)")
+        arrays = read_batches(inputs_path, planned)
+        exported = planned.source.starting_values(set(planned.input_names) - set(arrays)) if planned.source else {}
+        figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
+                            allocator, compare, report)
+        figures["weights_from"] = str(planned.source.path) if exported else None
+        # what training changed that the model holds: its parameters and running statistics, not the moments
+        kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
+        trained = {name: value for name, value in planned.state_arrays().items()
+                   if kinds.get(name) == "parameter" or name in exported}
+        if save_weights is not None:
+            weights.write_weights(save_weights, trained, planned.source.tied if planned.source else {})
+            figures["saved_weights"] = str(save_weights)
+        if save_model is not None:
+            weights.write_model(save_model, planned.source, trained)
+            figures["saved_model"] = str(save_model)
+        return figures
     finally:
         planned.close()
 
 
-def run_steps(planned, model_path, plan, steps, device, inputs_path, seed, learning_rate, allocator, compare,
+def run_steps(planned, model_path, plan, steps, device, arrays, seed, learning_rate, allocator, compare,
               report) -> dict:
     kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
-    arrays = read_batches(inputs_path, planned)
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
     planned.set_state(start)
     rows = []
@@ -426,6 +449,11 @@ def render_summary(result: dict, console) -> None:
                     if "planned_requests" in a and rows[1:] else "")
                  + f"{unplanned} unplanned requests after step 1")
     console.print(line, highlight=False, soft_wrap=True)
+    if result.get("weights_from"):
+        console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
+    for key, what in (("saved_weights", "trained weights"), ("saved_model", "the export with the trained weights")):
+        if key in result:
+            console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)
     if "compare" in result:
         c = result["compare"]
         ok = max(c["outputs_max_rel"], c["state_max_rel"]) <= RTOL

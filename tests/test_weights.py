@@ -1,0 +1,92 @@
+"""The weights in and out of `roam train`: a step roam made from an export starts from the export's
+weights and writes them back under their PyTorch names (--save-weights) or into the export
+(--save-model), a folded weight in PyTorch's layout and its constant made again from it."""
+
+import json
+import struct
+
+import numpy as np
+import onnx
+from conftest import roam
+from onnx import numpy_helper
+from onnx_builder import save
+from test_recover import dynamo_tied_lm
+
+from roam_cli.runtime import weights
+
+IDS = np.array([[0, 1, 2, 3], [4, 3, 2, 1]])
+LABELS = np.array([[1, 2, 3, 4], [0, 0, 1, 1]])
+
+
+def trained(tmp_path, learning_rate, *extra):
+    """The hand-built GPT-2-like export (tied head, a folded Linear) made a full SGD step, planned, and
+    trained one step; the `roam train --json` figures."""
+    m, table, fc = dynamo_tied_lm()
+    save(m, tmp_path / "lm.onnx")
+    r = roam("make-training-graph", tmp_path / "lm.onnx", "-o", tmp_path / "step.onnx", "--loss", "cross-entropy",
+             "--in-graph-optimizer", "--optimizer", "sgd")
+    assert r.code == 0, r.err
+    assert roam("optimize", tmp_path / "step.onnx", "-o", tmp_path / "plan.json").code == 0
+    np.savez(tmp_path / "batch.npz", ids=IDS, labels=LABELS, learning_rate=np.array([learning_rate], np.float32))
+    r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--inputs",
+             tmp_path / "batch.npz", "--json", *extra)
+    assert r.code == 0, r.err
+    return json.loads(r.out), table, fc
+
+
+def test_the_step_starts_from_the_exports_weights_and_writes_them_back_unchanged_at_learning_rate_zero(tmp_path):
+    figures, table, fc = trained(tmp_path, 0.0, "--save-weights", tmp_path / "w.npz", "--save-model",
+                                 tmp_path / "trained.onnx")
+    assert figures["weights_from"].endswith("lm.onnx") and figures["synthesised_inputs"] == []
+    with np.load(tmp_path / "w.npz") as w:
+        assert sorted(w.files) == ["fc.weight", "lm_head.weight"]  # the tie once, under the name trained
+        np.testing.assert_array_equal(w["fc.weight"], fc)  # PyTorch's [out, in], not the export's transpose
+        np.testing.assert_array_equal(w["lm_head.weight"], table)
+    original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "lm.onnx")).graph.initializer}
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "trained.onnx")).graph.initializer}
+    assert written.keys() == original.keys()
+    for name in original:
+        np.testing.assert_array_equal(written[name], original[name])
+
+
+def test_a_trained_folded_weight_goes_back_in_pytorchs_layout_and_its_constant_is_made_again(tmp_path):
+    trained(tmp_path, 0.5, "--save-weights", tmp_path / "w.npz", "--save-model", tmp_path / "trained.onnx")
+    with np.load(tmp_path / "w.npz") as w:
+        fc, table = w["fc.weight"], w["lm_head.weight"]
+    _, table0, fc0 = dynamo_tied_lm()
+    assert np.abs(fc - fc0).max() > 1e-4 and np.abs(table - table0).max() > 1e-4  # SGD moved both
+    written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "trained.onnx")).graph.initializer}
+    np.testing.assert_array_equal(written["val_4"], fc.T)
+    np.testing.assert_array_equal(written["val_9"], table.T)  # the tied head: the embedding, transposed
+    np.testing.assert_array_equal(written["lm_head.weight"], table)
+
+
+def test_safetensors_holds_each_tensor_at_its_offsets_with_the_ties_in_its_metadata(tmp_path):
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b = np.array([7], np.int64)
+    weights.write_weights(tmp_path / "w.safetensors", {"a.weight": a, "b": b}, {"head.weight": "a.weight"})
+    raw = (tmp_path / "w.safetensors").read_bytes()
+    (n,) = struct.unpack("<Q", raw[:8])
+    header = json.loads(raw[8:8 + n])
+    assert (8 + n) % 8 == 0
+    assert header["a.weight"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
+    assert header["b"] == {"dtype": "I64", "shape": [1], "data_offsets": [24, 32]}
+    assert json.loads(header["__metadata__"]["tied"]) == {"head.weight": "a.weight"}
+    body = raw[8 + n:]
+    np.testing.assert_array_equal(np.frombuffer(body[:24], "<f4").reshape(2, 3), a)
+    assert np.frombuffer(body[24:32], "<i8").tolist() == [7]
+
+
+def test_save_options_refuse_in_one_line_and_write_nothing(tmp_path):
+    trained(tmp_path, 0.0)
+    r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--save-weights",
+             tmp_path / "w.bin")
+    assert r.code == 2 and "write .safetensors or .npz" in r.err and len(r.err.strip().splitlines()) == 1
+    step = onnx.load(str(tmp_path / "step.onnx"))
+    del step.metadata_props[:]  # a step that does not say where its weights came from
+    save(step, tmp_path / "anonymous.onnx")
+    assert roam("optimize", tmp_path / "anonymous.onnx", "-o", tmp_path / "plan2.json").code == 0
+    r = roam("train", tmp_path / "anonymous.onnx", "--plan", tmp_path / "plan2.json", "--steps", 1, "--save-model",
+             tmp_path / "m.onnx")
+    assert r.code == 2 and "does not record the inference export" in r.err and len(r.err.strip().splitlines()) == 1
+    assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "w.bin").exists()
