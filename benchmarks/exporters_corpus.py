@@ -24,7 +24,7 @@ one whose graph takes an input beyond the model's (Falcon's TorchScript trace: a
 - whether ONNX Runtime creates a session for it (the target: no graph written that it refuses);
 - it runs once on PyTorch's weights (each parameter input by its PyTorch name; an input under
   another name, a constant the exporter made, gets the export's value) and one batch, and each
-  gradient it computes for an input named exactly like a PyTorch parameter is compared with
+  gradient it computes for an input named like a PyTorch parameter is compared with
   autograd's: the same module in train mode, F.cross_entropy (mean) on the same logits and labels
   (LM logits viewed as [tokens, vocab]; SegFormer's [B, C, H', W'] against labels [B, H', W']).
   The error is ||g_roam - g_torch|| / ||g_torch|| (`autograd_check.relative_errors`, whose
@@ -33,8 +33,10 @@ one whose graph takes an input beyond the model's (Falcon's TorchScript trace: a
   tensor passes when roam's ||g_roam - g_torch|| is within 10 x ||g32 - g64|| or below the 1e-6 of
   the largest gradient's norm that made it one;
 - parameters trained / PyTorch's: a PyTorch parameter (one that gets a gradient; tied ones once,
-  under `named_parameters()`'s name) counts when the graph trains an input of exactly its name;
-  those it does not train are listed, with whether roam's stderr warnings named them.
+  under `named_parameters()`'s name) counts when the graph trains an input of one of its names (a
+  tied parameter is one tensor under several names: `roam train --save-weights` writes it under
+  the name trained, and `load_state_dict` fills the one tensor), its gradient compared under that
+  name; those it does not train are listed, with whether roam's stderr warnings named them.
 
 Each (model, exporter) cell runs in its own process (`--cell`), killed after `--timeout` seconds;
 `--jobs` cells at a time."""
@@ -203,16 +205,19 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
         return r
     train = onnx.load(str(folder / "train.onnx"))
     trained = [i.name[: -len(GRADIENT_BUFFER)] for i in train.graph.input if i.name.endswith(GRADIENT_BUFFER)]
-    untrained = [p for p in grads if p not in trained]
     aliases: dict[int, list[str]] = {}
     for n, t in model.named_parameters(remove_duplicate=False):
         aliases.setdefault(id(t), []).append(n)
-    tied = {names[0]: names[1:] for names in aliases.values()}
+    # a tied parameter is one tensor under several PyTorch names: trained under any of them, it is trained
+    # (roam train --save-weights writes it under that name, and load_state_dict fills the one tensor)
+    trained_as = {names[0]: next((a for a in names if a in trained), None) for names in aliases.values()}
+    untrained = [p for p in grads if trained_as.get(p) is None]
     named = [p for p in untrained if any(re.search(rf"(?<![\w.]){re.escape(p)}(?![\w.])", w) for w in r["warnings"])]
     listed = accounted(json.loads(proc.stdout))
-    r |= dict(trained=[p for p in trained if p in grads], other_trained=[p for p in trained if p not in grads],
-              untrained=untrained, untrained_named=named, untrained_listed=[p for p in untrained if p in listed],
-              untrained_tied={p: a for p in untrained for a in tied[p] if a in trained})
+    r |= dict(trained=[p for p in grads if trained_as.get(p)], other_trained=[p for p in trained if p not in
+                                                                               trained_as.values()],
+              trained_as={p: a for p, a in trained_as.items() if a and a != p and p in grads},
+              untrained=untrained, untrained_named=named, untrained_listed=[p for p in untrained if p in listed])
     try:
         session(train)
         r["ort_loads"] = True
@@ -237,7 +242,7 @@ def cell(name: str, exporter: str, folder: Path) -> dict:
     compared = {p: grads[p] for p in r["trained"]}
     if not compared:
         return r
-    errors, noise = relative_errors(ours, compared)
+    errors, noise = relative_errors({p: ours[trained_as[p]] for p in compared}, compared)
     off64 = {p: float(np.linalg.norm(grads[p] - grads64[p]) / np.linalg.norm(grads64[p])) for p in errors}
     largest = max(float(np.linalg.norm(g)) for g in compared.values())
     r["errors"] = {p: (e, max(TOLERANCE, 10 * off64[p])) for p, e in errors.items()}
@@ -321,8 +326,8 @@ def notes(r: dict) -> str:
         return " / ".join(r["stderr"])[:300]
     out = [f"ORT: {r['ort_error'][:200]}"] if "ort_error" in r else []
     if r["untrained"]:
-        out.append(f"{len(r['untrained'])} untrained ({len(r['untrained_tied'])} trained under a tied name, "
-                   f"{len(r['untrained_named'])} named by a warning, {len(r['untrained_listed'])} in --json)")
+        out.append(f"{len(r['untrained'])} untrained ({len(r['untrained_named'])} named by a warning, "
+                   f"{len(r['untrained_listed'])} in --json)")
     out += [w[:120] + ("…" if len(w) > 120 else "") for w in r["warnings"]]
     return "; ".join(out) or "—"
 
@@ -382,13 +387,11 @@ def causes(rows: list[dict]) -> dict[str, list[tuple[str, str]]]:
             if r.get("over"):
                 add("gradients over tolerance", ", ".join(f"{p} {(r['errors'] | r['noise'])[p][0]:.1e}"
                                                           for p in r["over"][:4]), r)
-            tied, named, listed = (r.get(k, v) for k, v in (("untrained_tied", {}), ("untrained_named", []),
-                                                            ("untrained_listed", [])))
-            for why, names in (("trained under a tied name", [f"{p} (as {a})" for p, a in tied.items()]),
-                               ("named by a warning", [p for p in named if p not in tied]),
-                               ("in --json but in no warning", [p for p in listed if p not in tied and p not in named]),
+            named, listed = r.get("untrained_named", []), r.get("untrained_listed", [])
+            for why, names in (("named by a warning", named),
+                               ("in --json but in no warning", [p for p in listed if p not in named]),
                                ("neither warned about nor in --json", [p for p in r.get("untrained", [])
-                                                                        if p not in tied and p not in listed + named])):
+                                                                        if p not in listed + named])):
                 if names:
                     add("untrained", f"{why}: {', '.join(names)}", r)
             for w in r["warnings"]:

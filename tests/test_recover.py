@@ -223,3 +223,44 @@ def test_roams_bug_exits_3_in_one_line(tmp_path, monkeypatch, capsys):
         cli.main()
     assert stop.value.code == 3
     assert capsys.readouterr().err.startswith("roam: internal error: the training graph roam made is refused")
+
+
+def test_added_parameters_get_their_values_from_the_constants_they_were_derived_from(tmp_path):
+    """For the ONNX Runtime checkpoint, the one output carrying weights: the weight, not its transpose."""
+    m = folded_linear()
+    w = next(t for t in m.graph.initializer if t.name == "onnx::MatMul_5")
+    copies = {w.name: numpy_helper.from_array(numpy_helper.to_array(w), w.name)}
+    got = recover.recover(m, parameters.find(m), tmp_path)
+    (t,) = recover.added_values(got, copies, tmp_path)
+    assert t.name == "enc.fc.weight"
+    np.testing.assert_array_equal(numpy_helper.to_array(t), numpy_helper.to_array(copies[w.name]).T)
+
+
+def test_a_weight_shared_through_identities_and_a_scope_missing_its_root_are_recovered(tmp_path):
+    """ALBERT's TorchScript export reads one layer's weights in every layer through Identity nodes;
+    OPT's names scopes from `decoder` while its parameters are `model.decoder...`."""
+    w = np.arange(6, dtype=np.float32).reshape(2, 3)
+    m = model([node("Identity", ["onnx::MatMul_9"], ["onnx::MatMul_10"], name="Identity_1"),
+               node("MatMul", ["x", "onnx::MatMul_9"], ["h"], name="/decoder/layers.0/q/MatMul"),
+               node("Add", ["h", "model.decoder.layers.0.q.bias"], ["h1"], name="/decoder/layers.0/q/Add"),
+               node("MatMul", ["x", "onnx::MatMul_10"], ["y"], name="/decoder/layers.1/q/MatMul")],
+              [("x", [1, 2])], [("y", [1, 3])],
+              {"onnx::MatMul_9": w, "model.decoder.layers.0.q.bias": np.zeros(3, np.float32)})
+    m.producer_name = "pytorch"
+    found = parameters.find(m)
+    got = recover.recover(m, found, tmp_path)
+    assert got.derived == {"onnx::MatMul_9": ("model.decoder.layers.0.q.weight", [1, 0])}
+    x = np.ones((1, 2), np.float32)
+    (y,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        None, {"x": x, "model.decoder.layers.0.q.weight": np.ascontiguousarray(w.T)})
+    np.testing.assert_allclose(y, x @ w)
+
+
+def test_a_torchscript_export_names_the_tensors_it_computed_that_may_be_parameters():
+    """Swin's relative position bias, gathered at constant positions and folded by TorchScript."""
+    m = model([node("Add", ["x", "onnx::Add_737"], ["y"], name="/swin/attention/self/Add")],
+              [("x", [1, 1, 2, 2])], [("y", [1, 1, 2, 2])], {"onnx::Add_737": np.ones((1, 1, 2, 2), np.float32)})
+    m.producer_name = "pytorch"
+    found = parameters.find(m)
+    assert found.computed == ["onnx::Add_737"]
+    assert any("onnx::Add_737" in w and "do_constant_folding=False" in w for w in found.warnings())

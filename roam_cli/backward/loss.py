@@ -2,7 +2,8 @@
 labels `labels` (int64), targets `target`. Cross-entropy finds the class axis from the labels'
 shape: the last axis (language-model logits [batch, seq, vocab] with labels [batch, seq], viewed
 as [batch * seq, vocab]) or axis 1 (classification [batch, classes] with [batch]; ONNX's own
-[batch, classes, d...] layout)."""
+[batch, classes, d...] layout). Labels roam adds take the last axis for a rank-3 output and axis 1
+for a higher rank (segmentation logits [batch, classes, height, width])."""
 
 from __future__ import annotations
 
@@ -37,8 +38,8 @@ def add_loss(model: onnx.ModelProto, kind: str, types: dict) -> str:
         g.initializer.append(numpy_helper.from_array(values, name))
         return name
 
-    if kind == "cross-entropy":
-        labels = graph_input(g, "labels", TensorProto.INT64, shape[:-1])
+    if kind == "cross-entropy":  # the class axis, unless the export takes labels: last for [batch, seq, vocab], else 1
+        labels = graph_input(g, "labels", TensorProto.INT64, shape[:-1] if len(shape) <= 3 else [shape[0], *shape[2:]])
         label_shape = input_shape(g, labels)
         logits = first
         if len(shape) >= 3 and label_shape == shape[:-1]:  # class axis last: a view [batch * seq, classes]

@@ -71,6 +71,7 @@ class Found:
     tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
     fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
     folded_norms: list[str] = field(default_factory=list)  # the BatchNorms folded into convolutions (modules)
+    computed: list[str] = field(default_factory=list)  # TorchScript's folded tensors no weight place explains
 
     def folded_norms_refusal(self) -> str:
         """The one line that refuses an export whose BatchNorms were folded away: a different function."""
@@ -84,11 +85,11 @@ class Found:
         fix = FIXES[self.exporter]
         out = []
         if self.folded:
-            shown = ", ".join(f"{c} ({p})" if p else c for c, p in list(self.folded.items())[:4])
+            shown = ", ".join(f"{c} ({p})" if p else c for c, p in self.folded.items())
             norms = (f" ({len(self.fused)} are convolution biases made by folding a BatchNormalization into its "
                      "convolution: its weight and bias are gone)") if self.fused else ""
             out.append(f"{len(self.folded)} parameters were folded by the exporter into constants and will not be "
-                       f"trained{norms}: {shown}{', ...' if len(self.folded) > 4 else ''}; train them as they are with "
+                       f"trained{norms}: {shown}; train them as they are with "
                        f"--trainable {','.join(self.folded)} or re-export with {fix}")
         if self.merged:
             pairs = [f"{o} -> {p}" for p, others in self.merged.items() for o in others]
@@ -98,8 +99,12 @@ class Found:
         if self.missing:
             out.append(f"{len(self.missing)} of the exporter's parameters were lost by the export for good and will "
                        f"not be trained (precomputed by the exporter: a lookup at constant positions, a zero bias): "
-                       f"{', '.join(self.missing[:4])}{', ...' if len(self.missing) > 4 else ''}; re-export with "
+                       f"{', '.join(self.missing)}; re-export with "
                        f"{fix}" + ("" if self.exporter == "dynamo" else f", or with {ROAM_ROUTE}"))
+        if self.computed:
+            out.append(f"{len(self.computed)} tensors the exporter computed at export may hold parameters it "
+                       f"precomputed (a table read at constant positions), which are then not trained: "
+                       f"{', '.join(self.computed)}; re-export with {fix} to keep them")
         return out
 
 
@@ -151,9 +156,32 @@ def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str]) -> str
         if len(read) == 1:
             return read[0]
         fitting = [p for p in read if p.rsplit(".", 1)[-1] == suffix]
+        if not read:  # a call on what the exporter made of the parameter (Falcon: mm(x, %permute)): its Linear's
+            linear = linear_module_of(node)
+            return f"{linear}.{suffix}" if linear and f"{linear}.{suffix}" in params.values() else ""
         return fitting[0] if len(fitting) == 1 else ""
     scope = scope_of(node)
     return f"{scope}.{suffix}" if scope else ""
+
+
+def linear_module_of(node: onnx.NodeProto) -> str:
+    """The linear module (`nn.Linear`, or a class of a model's own named so, as Falcon's
+    `FalconLinear(nn.Linear)`) a dynamo-exported node ran in, from its namespace, or ""."""
+    scopes = next((p.value for p in node.metadata_props if p.key == NAMESPACE_KEY), "").split("/")
+    path, _, kind = scopes[-2].partition(": ") if len(scopes) > 2 else ("", "", "")
+    return path if kind.endswith("Linear") else ""
+
+
+def anchored(name: str, kept: list[str]) -> str:
+    """A scope-derived parameter name rooted where the kept parameters are: TorchScript names a
+    scope by the modules whose forward ran, so a model calling a grandchild directly (OPT's
+    `self.model.decoder(...)`) loses the `model.` its parameters' names have. The prefix comes
+    from a kept parameter of the same module (`model.decoder.layers.0.q_proj.bias`)."""
+    module = name.rsplit(".", 1)[0]
+    if any(k.rsplit(".", 1)[0] == module for k in kept):
+        return name
+    prefixes = {k.rsplit(".", 1)[0][: -len(module)] for k in kept if k.rsplit(".", 1)[0].endswith("." + module)}
+    return next(iter(prefixes)) + name if len(prefixes) == 1 else name
 
 
 def find(model: onnx.ModelProto) -> Found:
@@ -189,12 +217,16 @@ def find(model: onnx.ModelProto) -> Found:
                 fused = n.op_type == "Conv" and slot == 2 and (not params or fx_call(n)[1])
                 folded.setdefault(x, "" if fused else meant)
                 fused_norms += [x] if fused else []
+    if not params:
+        folded = {x: anchored(meant, parameters) if meant else meant for x, meant in folded.items()}
     tied = ties(g, params)
     accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
     exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
+    computed = [] if record else [x for x in constants if x.startswith("onnx::") and x not in folded and
+                                  inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 2]
     return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms,
-                 norms_folded(g, record, missing, fused_norms))
+                 norms_folded(g, record, missing, fused_norms), computed)
 
 
 def norms_folded(g: onnx.GraphProto, record: dict[str, tuple[str, str]], missing: list[str],

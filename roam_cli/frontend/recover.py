@@ -68,7 +68,7 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
     twins = TransposedTwins([] if found.exporter == "dynamo" else held, data)
     added: list[onnx.TensorProto] = []
     for const, meant in list(found.folded.items()):
-        if const in found.fused or not is_linear_weight(inits[const], readers.get(const, [])):
+        if const in found.fused or not is_linear_weight(inits[const], through_identities(const, readers)):
             continue
         param = out.tied.get(meant, meant)
         if param in inits or param in inputs:  # the exporter also kept the weight itself: one tensor
@@ -104,6 +104,34 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
     found.parameters += [p for p in out.added if p not in found.parameters]
     found.tied = out.tied
     found.missing = [p for p in found.missing if p not in out.tied and p not in out.added]
+    return out
+
+
+def underived(value: np.ndarray, perm: list[int]) -> np.ndarray:
+    """The parameter a constant `Transpose(parameter, perm)` was made from."""
+    return np.ascontiguousarray(np.transpose(value, np.argsort(perm)))
+
+
+def added_values(recovered: Recovered, constants: dict[str, onnx.TensorProto], base_dir: Path
+                 ) -> list[onnx.TensorProto]:
+    """The parameters `recover` made graph inputs, with their values: the constants they were
+    derived from (copies taken before `recover`) read and transposed back. For the one output
+    that carries weights, the ONNX Runtime checkpoint."""
+    out = []
+    for const, (param, perm) in recovered.derived.items():
+        if param in recovered.added and param not in {t.name for t in out}:
+            value = numpy_helper.to_array(constants[const], base_dir=str(base_dir))
+            out.append(numpy_helper.from_array(underived(value, perm), param))
+    return out
+
+
+def through_identities(name: str, readers: dict[str, list[tuple[onnx.NodeProto, int]]]
+                       ) -> list[tuple[onnx.NodeProto, int]]:
+    """The reads of `name`, an Identity's reads standing for its own (TorchScript reads a weight
+    shared by several modules, ALBERT's layers, through Identity nodes)."""
+    out = []
+    for n, k in readers.get(name, []):
+        out += through_identities(n.output[0], readers) if n.op_type == "Identity" else [(n, k)]
     return out
 
 

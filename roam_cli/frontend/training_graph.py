@@ -36,7 +36,7 @@ from onnx import TensorProto
 
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.frontend.parameters import FLOAT_TYPES, Found, find
-from roam_cli.frontend.recover import SOURCE_KEY, recover
+from roam_cli.frontend.recover import SOURCE_KEY, added_values, recover
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -400,6 +400,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     found = find(model)
     if found.folded_norms and not allow_folded_batchnorm:
         raise RoamError(found.folded_norms_refusal())
+    folded = {t.name: copy_of(t) for t in model.graph.initializer if t.name in found.folded}
     recovered = recover(model, found, infer_path.parent)
     chosen = survey(model, requires_grad, frozen, trainable, found)
     chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
@@ -410,6 +411,8 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     source = {"model": os.path.relpath(infer_path.resolve(), out_path.resolve().parent), **recovered.record()}
     graph.metadata_props.add(key=SOURCE_KEY, value=json.dumps(source))
     if checkpoint_path:  # first: reading the weights may still fail
+        for t in added_values(recovered, folded, infer_path.parent):  # ORT's block knows initializers only
+            built.parameters[0 if t.name in chosen.trainable else 1].append(t)
         write_checkpoint(built.parameters, infer_path.parent, checkpoint_path)
         written.append((checkpoint_path, "checkpoint", 0))
     if in_graph or built.optimizer is None:
@@ -417,6 +420,12 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     else:
         write((out_path, "training graph", graph), (optimizer_path, "optimizer graph", built.optimizer))
     return Made(chosen, repaired, written)
+
+
+def copy_of(t: onnx.TensorProto) -> onnx.TensorProto:
+    out = onnx.TensorProto()
+    out.CopyFrom(t)
+    return out
 
 
 def in_graph_optimizer(name: str, settings: dict[str, str], in_graph: bool):

@@ -30,7 +30,7 @@ from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.fileio import write_all_atomic, write_atomic
-from roam_cli.frontend.recover import SOURCE_KEY
+from roam_cli.frontend.recover import SOURCE_KEY, underived
 
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
                       "int8": "I8", "uint8": "U8", "bool": "BOOL"}
@@ -61,7 +61,7 @@ class Source:
         values = {name: numpy_helper.to_array(inits[name]) for name in wanted if name in inits}
         for const, (param, perm) in self.derived.items():
             if param in wanted and param not in values and const in inits:
-                values[param] = np.ascontiguousarray(np.transpose(numpy_helper.to_array(inits[const]), np.argsort(perm)))
+                values[param] = underived(numpy_helper.to_array(inits[const]), perm)
         return values
 
 
