@@ -443,3 +443,23 @@ def test_a_mask_combined_from_constants_is_kept_as_its_one_result():
     assert not {"lower", "ones", "shape", "both"} & set(kept)
     assert kept["visible"].dtype == bool and kept["visible"].tolist() == (cols <= rows).reshape(2, 8).tolist()
     assert [n.op_type for n in step.graph.node if n.op_type in ("And", "Reshape")] == []
+
+
+@pytest.mark.parametrize("shape, labels", [([2, 4, 5], [2, 4]), ([2, 3, 4, 4], [2, 4, 4]), ([2, 3], [2])])
+def test_cross_entropy_labels_leave_out_the_class_axis_last_for_sequences_else_axis_1(shape, labels):
+    """[batch, seq, vocab] language-model logits: classes last; [batch, classes, h, w] segmentation
+    logits (SegFormer): classes on axis 1, ONNX's layout; [batch, classes]: axis 1."""
+    from roam_cli.backward.loss import add_loss
+
+    m = model([node("Relu", ["x"], ["y"], name="r")], [("x", shape)], [("y", shape)], {})
+    add_loss(m, "cross-entropy", {"y": (TensorProto.FLOAT, shape)})
+    given = next(i for i in m.graph.input if i.name == "labels")
+    assert [d.dim_value for d in given.type.tensor_type.shape.dim] == labels
+    x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
+    y = np.zeros(labels, np.int64)
+    (loss,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        [m.graph.node[-1].output[0]], {"x": x, "labels": y})
+    relu = np.maximum(x, 0)
+    axis = -1 if len(shape) == 3 else 1
+    logp = relu - np.log(np.exp(relu).sum(axis=axis, keepdims=True))
+    np.testing.assert_allclose(loss, -np.take(logp, 0, axis=axis).mean(), rtol=1e-5)
