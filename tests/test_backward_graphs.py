@@ -452,13 +452,14 @@ def test_cross_entropy_labels_leave_out_the_class_axis_last_for_sequences_else_a
     from roam_cli.backward.loss import add_loss
 
     m = model([node("Relu", ["x"], ["y"], name="r")], [("x", shape)], [("y", shape)], {})
-    add_loss(m, "cross-entropy", {"y": (TensorProto.FLOAT, shape)})
+    loss_name = add_loss(m, "cross-entropy", {"y": (TensorProto.FLOAT, shape)})
+    m.graph.output.append(helper.make_tensor_value_info(loss_name, TensorProto.FLOAT, []))
     given = next(i for i in m.graph.input if i.name == "labels")
     assert [d.dim_value for d in given.type.tensor_type.shape.dim] == labels
     x = np.random.default_rng(0).standard_normal(shape).astype(np.float32)
     y = np.zeros(labels, np.int64)
     (loss,) = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(
-        [m.graph.node[-1].output[0]], {"x": x, "labels": y})
+        [loss_name], {"x": x, "labels": y})
     relu = np.maximum(x, 0)
     axis = -1 if len(shape) == 3 else 1
     logp = relu - np.log(np.exp(relu).sum(axis=axis, keepdims=True))
