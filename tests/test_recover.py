@@ -262,5 +262,50 @@ def test_a_torchscript_export_names_the_tensors_it_computed_that_may_be_paramete
               [("x", [1, 1, 2, 2])], [("y", [1, 1, 2, 2])], {"onnx::Add_737": np.ones((1, 1, 2, 2), np.float32)})
     m.producer_name = "pytorch"
     found = parameters.find(m)
-    assert found.computed == ["onnx::Add_737"]
+    assert found.computed == ["onnx::Add_737 (read in swin.attention.self)"]
     assert any("onnx::Add_737" in w and "do_constant_folding=False" in w for w in found.warnings())
+
+
+def namespace(n, module, cls="torch.nn.modules.linear.Linear"):
+    n.metadata_props.add(key=parameters.NAMESPACE_KEY, value=f": Model/{module}: {cls}/call: aten.call")
+
+
+def test_ties_a_parameter_no_node_reads_to_its_childs_namesake_and_not_a_module_reading_data():
+    """BERT's `cls.predictions.bias` is `cls.predictions.decoder.bias` (`self.decoder.bias = self.bias`);
+    DeBERTa's encoder LayerNorm reads the relative embeddings as its data, its own weight as weight."""
+    m = model([node("Add", ["x", "cls.predictions.decoder.bias"], ["h"], name="node_add"),
+               node("LayerNormalization", ["enc.rel.weight", "enc.LayerNorm.weight"], ["r"], name="node_layer_norm"),
+               node("Add", ["h", "r"], ["y"], name="node_add_1")],
+              [("x", [2])], [("y", [2])],
+              {"cls.predictions.decoder.bias": np.ones(2, np.float32), "enc.rel.weight": np.ones(2, np.float32),
+               "enc.LayerNorm.weight": np.ones(2, np.float32)})
+    record = ("p_cls_predictions_bias: PARAMETER target='cls.predictions.bias'\n"
+              "p_cls_predictions_decoder_bias: PARAMETER target='cls.predictions.decoder.bias'\n"
+              "p_enc_rel_weight: PARAMETER target='enc.rel.weight'\n"
+              "p_enc_layernorm_weight: PARAMETER target='enc.LayerNorm.weight'\nx: USER_INPUT\n")
+    m.graph.metadata_props.add(key=parameters.SIGNATURE_KEY, value=record)
+    add, norm, _ = m.graph.node
+    fx(add, "add", "(%x, %p_cls_predictions_decoder_bias)")
+    namespace(add, "cls.predictions.decoder")
+    fx(norm, "layer_norm", "(%p_enc_rel_weight, [2], %p_enc_layernorm_weight)")
+    namespace(norm, "enc.LayerNorm", "torch.nn.modules.normalization.LayerNorm")
+    found = parameters.find(m)
+    assert found.tied == {"cls.predictions.bias": "cls.predictions.decoder.bias"} and found.missing == []
+
+
+def test_a_linear_reading_what_the_exporter_made_of_its_weight_is_recovered_from_its_module(tmp_path):
+    """Falcon's `hidden @ self.weight.T` exported as mm(x, %permute): the call names no parameter; the
+    module it ran in, a Linear, and the record's weight of that module do."""
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)  # [out, in]
+    m = model([node("MatMul", ["x", "permute"], ["h"], name="node_matmul"),
+               node("Add", ["h", "h.qkv.bias"], ["y"], name="node_add")], [("x", [1, 2])], [("y", [1, 3])],
+              {"permute": np.ascontiguousarray(w.T), "h.qkv.bias": np.zeros(3, np.float32)})
+    m.graph.metadata_props.add(key=parameters.SIGNATURE_KEY,
+                               value="p_h_qkv_weight: PARAMETER target='h.qkv.weight'\n"
+                                     "p_h_qkv_bias: PARAMETER target='h.qkv.bias'\nx: USER_INPUT\n")
+    fx(m.graph.node[1], "add", "(%matmul, %p_h_qkv_bias)")
+    fx(m.graph.node[0], "matmul", "(%x, %permute)")
+    namespace(m.graph.node[0], "h.qkv", "transformers.models.falcon.modeling_falcon.FalconLinear")
+    found = parameters.find(m)
+    got = recover.recover(m, found, tmp_path)
+    assert got.derived == {"permute": ("h.qkv.weight", [1, 0])} and found.missing == []

@@ -71,7 +71,8 @@ class Found:
     tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
     fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
     folded_norms: list[str] = field(default_factory=list)  # the BatchNorms folded into convolutions (modules)
-    computed: list[str] = field(default_factory=list)  # TorchScript's folded tensors no weight place explains
+    computed: list[str] = field(default_factory=list)  # TorchScript's folded tensors no weight place explains,
+    # each with the modules reading it
 
     def folded_norms_refusal(self) -> str:
         """The one line that refuses an export whose BatchNorms were folded away: a different function."""
@@ -97,8 +98,10 @@ class Found:
                        f"would train as one: {', '.join(pairs[:4])}{', ...' if len(pairs) > 4 else ''}; perturb "
                        f"the weights before exporting (as after training), or export with {ROAM_ROUTE}")
         if self.missing:
-            out.append(f"{len(self.missing)} of the exporter's parameters were lost by the export for good and will "
-                       f"not be trained (precomputed by the exporter: a lookup at constant positions, a zero bias): "
+            out.append(f"{len(self.missing)} of the exporter's parameters are read by no node of the graph and will "
+                       f"not be trained under these names (lost for good where the exporter precomputed them: a lookup "
+                       f"at constant positions, a zero bias; or a tied parameter's second name, trained under the "
+                       f"other): "
                        f"{', '.join(self.missing)}; re-export with "
                        f"{fix}" + ("" if self.exporter == "dynamo" else f", or with {ROAM_ROUTE}"))
         if self.computed:
@@ -223,10 +226,16 @@ def find(model: onnx.ModelProto) -> Found:
     accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
     exporter = "dynamo" if record else "torchscript" if model.producer_name == "pytorch" else ""
-    computed = [] if record else [x for x in constants if x.startswith("onnx::") and x not in folded and
-                                  inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 2]
+    computed = [] if record else [computed_in(x, g) for x in constants if x.startswith("onnx::") and x not in folded
+                                  and inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 2]
     return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms,
                  norms_folded(g, record, missing, fused_norms), computed)
+
+
+def computed_in(x: str, g: onnx.GraphProto) -> str:
+    """`x (read in module.path)`: the constant and where TorchScript's scopes say it is read."""
+    scopes = sorted({scope_of(n) for n in g.node if x in n.input} - {""})
+    return f"{x} (read in {', '.join(scopes)})" if scopes else x
 
 
 def norms_folded(g: onnx.GraphProto, record: dict[str, tuple[str, str]], missing: list[str],
@@ -245,13 +254,27 @@ def norms_folded(g: onnx.GraphProto, record: dict[str, tuple[str, str]], missing
 def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:
     """Tied parameters, from the dynamo record: torch.export gives a tied weight one placeholder, so
     a module that reads another module's parameter (GPT-2's `transformer.wte` reading
-    `lm_head.weight`) holds that parameter under its own name too."""
+    `lm_head.weight`) holds that parameter under its own name too. And a parameter no node reads
+    whose child module holds one of the same name (`cls.predictions.bias` beside
+    `cls.predictions.decoder.bias`: the models' `self.decoder.bias = self.bias`) is that one."""
     listed = set(params.values())
     out = {}
+    read = set()
     for n in g.node:
         module = module_of(n)
-        for p in fx_parameters(n, params) if module else []:
+        got = fx_parameters(n, params)
+        read.update(got)
+        for p in got if module else []:
             own = f"{module}.{p.rsplit('.', 1)[-1]}"
-            if own != p and own in listed and not p.startswith(module + "."):
+            # (a module reading its own weight and another's tensor as data, DeBERTa's LayerNorm of the
+            # relative embeddings, ties nothing)
+            if own != p and own in listed and own not in got and not p.startswith(module + "."):
                 out[own] = p
+    held = read | {t.name for t in g.initializer}
+    for p in listed - held - set(out):
+        module, _, leaf = p.rpartition(".")
+        children = [q for q in held & listed if q.startswith(f"{module}.") and q.endswith(f".{leaf}")
+                    and q.count(".") == p.count(".") + 1]
+        if len(children) == 1:
+            out[p] = children[0]
     return out
