@@ -11,11 +11,13 @@ so the one tensor gets both gradients summed and one update.
 
 What shows the derivation, strongest first: the dynamo exporter's record of the call
 (`aten.linear(x, %p_w)`: the constant is W transposed, W named by the signature; where W is also
-in the graph, the two are one tensor); the TorchScript exporter's scope name (a MatMul's
-constant in `/bert/encoder/layer.0/query/MatMul` is `bert.encoder.layer.0.query.weight`
-transposed); and, where the weight data is present, a comparison of the two tensors, which alone
-shows a TorchScript tie (BERT's decoder weight equal to its word embeddings transposed). No
-other weight byte is read, so an export without its data file still recovers by its record."""
+in the graph, the two are one tensor; a call on what the exporter made of W, Falcon's
+`mm(x, %permute)`, is named by the Linear module it ran in); the TorchScript exporter's scope name
+(a MatMul's constant in `/bert/encoder/layer.0/query/MatMul` is `bert.encoder.layer.0.query.weight`
+transposed); and, where the weight data is present, a comparison of the two tensors, which
+confirms a tie the record shows and alone shows a TorchScript tie (BERT's decoder weight equal to
+its word embeddings transposed). Only the tensors of such a pair are read, so an export without
+its data file still recovers by its record."""
 
 from __future__ import annotations
 
@@ -66,7 +68,7 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
     shapes = {tuple(reversed(inits[c].dims)) for c in found.folded}
     held = [p for p in found.parameters if p in inits and tuple(inits[p].dims) in shapes]
     twins = TransposedTwins([] if found.exporter == "dynamo" else held, data)
-    added: list[onnx.TensorProto] = []
+    added: list[str] = []  # the constants rewritten
     for const, meant in list(found.folded.items()):
         if const in found.fused or not is_linear_weight(inits[const], through_identities(const, readers)):
             continue
