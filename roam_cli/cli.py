@@ -864,8 +864,9 @@ def lower(obj, model, out_path, as_json):
               help="A setting of the in-graph optimizer over its default (AdamW: beta1, beta2, eps, weight_decay, "
                    "convention=onnxruntime|pytorch: whose maths).")
 @click.option("--allow-folded-batchnorm", is_flag=True,
-              help="Train an export whose BatchNorms the exporter folded into its convolutions as it is "
-                   "(refused by default: it computes the eval-mode function).")
+              help="Train an export whose BatchNorms the exporter folded into its convolutions as it is, the "
+                   "folded convolution weights and biases its parameters (refused by default: it computes the "
+                   "eval-mode function).")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
                         optimizer_path, checkpoint_path, dims, backend, fused, optimizer_settings, allow_folded_batchnorm):
