@@ -70,7 +70,8 @@ class Found:
     exporter: str  # "dynamo", "torchscript" or "" (unknown)
     tied: dict[str, str] = field(default_factory=dict)  # a tied parameter's other name -> the one kept
     fused: list[str] = field(default_factory=list)  # folded Conv biases: a BatchNorm folded into its Conv
-    folded_norms: list[str] = field(default_factory=list)  # the BatchNorms folded into convolutions (modules)
+    folded_norms: list[str] = field(default_factory=list)  # the BatchNorms folded into convolutions (their
+    # modules from the dynamo record; else the convolutions' modules)
     computed: list[str] = field(default_factory=list)  # TorchScript's folded tensors no weight place explains,
     # each with the modules reading it
 
@@ -248,7 +249,8 @@ def norms_folded(g: onnx.GraphProto, record: dict[str, tuple[str, str]], missing
         norms = dict.fromkeys(name.removesuffix(".running_mean") for _, name in record.values()
                               if name.endswith(".running_mean"))
         return [m for m in norms if f"{m}.weight" in missing or f"{m}.bias" in missing]
-    return list(fused)
+    convolutions = {x: scope_of(n) for n in g.node if n.op_type == "Conv" for x in n.input[2:]}
+    return [convolutions.get(x) or x for x in fused]  # named by the convolution holding each
 
 
 def ties(g: onnx.GraphProto, params: dict[str, str]) -> dict[str, str]:
