@@ -6,20 +6,22 @@
 For GPT-2 (tied LM head; the dynamo exporter's default folds the head into a transposed
 constant), LLaMA (grouped-query attention; every Linear weight folded into a transposed `val_*`)
 and ResNet (BatchNorm; exported with optimize=False, since the default folds it into the
-convolutions, which make-training-graph refuses): tiny configurations, random weights moved by
-N(0, 0.02^2), dropout 0, the module in eval mode as users export it. Each is exported with
-torch.onnx.export(dynamo=True), made a full step with AdamW inside (`--optimizer-setting
-eps=1e-10`: ONNX Runtime's AdamW adds eps before the bias correction and PyTorch after it, and at
-1e-10 neither matters), planned, and trained 3 steps on one fixed batch with `roam train --inputs
-... --save-weights W.safetensors --save-model trained.onnx` (learning rate 1e-3). Then:
+convolutions, which make-training-graph refuses), and GPT-2 with optimize=False too (the default
+precomputes the position embedding's lookup: that parameter is lost): tiny configurations, random
+weights moved by N(0, 0.02^2), dropout 0, the module in eval mode as users export it. Each is
+exported with torch.onnx.export(dynamo=True), made a full step with AdamW inside
+(`--optimizer-setting convention=pytorch`: torch.optim.AdamW's maths, eps added after the bias
+correction), planned, and trained 3 steps on one fixed batch with `roam train --inputs ...
+--save-weights W.safetensors --save-model trained.onnx` (learning rate 1e-3). Then:
 
 1. the safetensors file is loaded into a fresh copy of the PyTorch module with
-   `load_state_dict(strict=False)` (tied weights are written once; PyTorch re-ties them): the
-   keys it leaves missing must be tied names or buffers; its logits on a new batch (eval mode)
-   against ONNX Runtime's on trained.onnx: the largest |difference| relative to the largest logit;
-2. PyTorch's own 3 steps of torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-10,
+   `load_state_dict(strict=False)` (a tied weight is written once; it fills the one tensor): its
+   logits on a new batch (eval mode) against ONNX Runtime's on trained.onnx: the largest
+   |difference| relative to the largest logit. The tied names not written and the parameters the
+   export lost are listed;
+2. PyTorch's own 3 steps of torch.optim.AdamW(lr=1e-3, betas=(0.9, 0.999), eps=1e-8,
    weight_decay=0) on the same batch (train mode: BatchNorm on batch statistics) against the saved
-   parameters: the largest |difference| over every parameter (BatchNorm's running statistics apart).
+   parameters: the largest |difference| over every parameter the export holds.
 
 Needs torch, transformers, onnxscript, safetensors."""
 
