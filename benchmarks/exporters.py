@@ -148,9 +148,22 @@ def pytorch_parameters(model) -> list[set[str]]:
     return list(names.values())
 
 
-def command(exporter: str, name: str) -> list[str]:
+# optimum exports with dynamic axes by these names; roam's backward needs them bound (--dim)
+OPTIMUM_DIMS = {"batch_size": BATCH, "sequence_length": SEQ, "decoder_sequence_length": SEQ, "num_channels": 3,
+                "height": IMAGE, "width": IMAGE}
+
+
+def command(exporter: str, name: str, folder: Path | None = None) -> list[str]:
     loss = "cross-entropy" if exporter.startswith("optimum") else build_loss(name)
-    return ["roam", "make-training-graph", "model.onnx", "-o", "train.onnx", "--loss", loss, "--json"]
+    dims = []
+    if folder is not None and exporter.startswith("optimum"):
+        import onnx
+
+        from roam_cli.frontend.shapes import symbolic_dims
+
+        named = symbolic_dims(onnx.load(str(folder / "model.onnx"), load_external_data=False))
+        dims = [x for d, n in OPTIMUM_DIMS.items() if d in named for x in ("--dim", f"{d}={n}")]
+    return ["roam", "make-training-graph", "model.onnx", "-o", "train.onnx", "--loss", loss, *dims, "--json"]
 
 
 def build_loss(name: str) -> str:
@@ -166,7 +179,7 @@ def cell(exporter: str, name: str, out: Path) -> dict:
     except Exception as e:  # the exporter's own failure: reported in the cell
         return dict(model=name, exporter=exporter, params=len(want), error=f"export fails: {type(e).__name__}: "
                     f"{str(e).strip().splitlines()[0][:80] if str(e).strip() else ''}")
-    argv = command(exporter, name)
+    argv = command(exporter, name, folder)
     proc = subprocess.run([sys.executable, "-m", "roam_cli", *argv[1:]], cwd=folder, capture_output=True, text=True,
                           env=dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parent.parent)))
     if proc.returncode != 0:
