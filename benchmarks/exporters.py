@@ -149,8 +149,8 @@ def pytorch_parameters(model) -> list[set[str]]:
 
 
 # optimum exports with dynamic axes by these names; roam's backward needs them bound (--dim)
-OPTIMUM_DIMS = {"batch_size": BATCH, "sequence_length": SEQ, "decoder_sequence_length": SEQ, "num_channels": 3,
-                "height": IMAGE, "width": IMAGE}
+OPTIMUM_DIMS = {"batch_size": BATCH, "sequence_length": SEQ, "encoder_sequence_length": SEQ,
+                "decoder_sequence_length": SEQ, "num_channels": 3, "height": IMAGE, "width": IMAGE}
 
 
 def command(exporter: str, name: str, folder: Path | None = None) -> list[str]:
