@@ -8,6 +8,7 @@ matrices (`along_axes`)."""
 import numpy as np
 from onnx import TensorProto
 
+from roam_cli.frontend.providers import average_pool_divides_by_the_whole_kernel
 from roam_cli.lower import grads
 
 
@@ -49,18 +50,20 @@ def average_pool(g):
     strides, pads, dilations = grads.window_attrs(g, shape[2:], kernel)
     n = len(kernel)
     include_pad = bool(g.attr("count_include_pad", 0))
+    whole = include_pad and average_pool_divides_by_the_whole_kernel()
     maps = {2 + k: window_means(shape[2 + k], out[2 + k], kernel[k], strides[k], pads[k], pads[n + k], dilations[k],
-                                include_pad) for k in range(n)}
+                                include_pad, whole) for k in range(n)}
     g.give(0, along_axes(g, g.dy(), maps))
 
 
-def window_means(size, out, kernel, stride, begin, end, dilation, include_pad) -> np.ndarray:
+def window_means(size, out, kernel, stride, begin, end, dilation, include_pad, whole=False) -> np.ndarray:
     """[out, size]: output cell o's weight on each input cell. The divisor is the window's cells
-    inside the input, or with count_include_pad those inside the padded input (ONNX Runtime's: a
-    window that ceil_mode runs past the end pad counts only up to it)."""
+    inside the input, or with count_include_pad those inside the padded input (ONNX Runtime 1.32's
+    and PyTorch's: a window that ceil_mode runs past the end pad counts only up to it), or with
+    `whole` the kernel's every cell (ONNX Runtime 1.19's)."""
     taps = np.arange(out)[:, None] * stride - begin + np.arange(kernel)[None, :] * dilation
     inside = (taps >= 0) & (taps < size)
-    counted = (taps < size + end) if include_pad else inside
+    counted = np.ones_like(taps, bool) if whole else (taps < size + end) if include_pad else inside
     m = np.zeros((out, size))
     m[np.nonzero(inside)[0], taps[inside]] = 1.0
     return m / counted.sum(axis=1, keepdims=True)

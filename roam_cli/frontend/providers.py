@@ -4,9 +4,11 @@ ops, its execution providers by `--provider` name, and how a session gets ORT's 
 onnxruntime, onnxruntime-gpu and onnxruntime-training(-cpu) all ship the one `onnxruntime` module,
 so an environment holds one of them: roam asks the module which package it came from."""
 
+import functools
 import importlib.metadata
 from pathlib import Path
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state, build_and_package_info
@@ -88,6 +90,23 @@ def check_runs(model: onnx.ModelProto, what: str) -> None:
         if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
+
+
+@functools.cache
+def average_pool_divides_by_the_whole_kernel() -> bool:
+    """Whether this ONNX Runtime's AveragePool with count_include_pad divides a window that ceil_mode
+    runs past the end pad by the whole kernel (onnxruntime 1.19), not by its cells inside the
+    padded input (1.32, as PyTorch does). The backward divides as the forward it runs with does:
+    a kernel of 3 over one cell of value 1 gives 1/3 or 1."""
+    node = onnx.helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3], strides=[3], ceil_mode=1,
+                                 count_include_pad=1)
+    graph = onnx.helper.make_graph([node], "probe", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
+                                                                                        [1, 1, 1])],
+                                   [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8)
+    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    (y,) = session.run(None, {"x": np.ones((1, 1, 1), np.float32)})
+    return bool(y.ravel()[0] < 0.5)
 
 
 def check_loads(model: onnx.ModelProto, what: str, folder: Path) -> None:
