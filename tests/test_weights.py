@@ -90,3 +90,17 @@ def test_save_options_refuse_in_one_line_and_write_nothing(tmp_path):
              tmp_path / "m.onnx")
     assert r.code == 2 and "does not record the inference export" in r.err and len(r.err.strip().splitlines()) == 1
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "w.bin").exists()
+
+
+def test_optimizer_settings_are_checked_before_any_work(tmp_path):
+    m, _, _ = dynamo_tied_lm()
+    save(m, tmp_path / "lm.onnx")
+    for setting, said in (("eps=abc", "'abc' is not a float"), ("momentum=0.9", "adamw has beta1, beta2, convention, eps"),
+                          ("convention=keras", "convention 'keras': choose onnxruntime or pytorch")):
+        r = roam("make-training-graph", tmp_path / "lm.onnx", "-o", tmp_path / "s.onnx", "--loss", "cross-entropy",
+                 "--in-graph-optimizer", "--optimizer-setting", setting)
+        assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    r = roam("make-training-graph", tmp_path / "lm.onnx", "-o", tmp_path / "s.onnx", "--loss", "cross-entropy",
+             "--optimizer-setting", "eps=1e-8")
+    assert r.code == 2 and "add --in-graph-optimizer" in r.err
+    assert not (tmp_path / "s.onnx").exists()

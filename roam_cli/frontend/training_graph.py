@@ -403,7 +403,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     if found.folded_norms:  # trained as it is: the convolutions' folded weights and biases are its parameters
         trainable = [*trainable, *(x for x in found.folded if any(x in n.input for n in model.graph.node
                                                                  if n.op_type == "Conv"))]
-    folded = {t.name: copy_of(t) for t in model.graph.initializer if t.name in found.folded}
+    folded = {t.name: copy_of(t) for t in model.graph.initializer if checkpoint_path and t.name in found.folded}
     recovered = recover(model, found, infer_path.parent)
     chosen = survey(model, requires_grad, frozen, trainable, found)
     chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
