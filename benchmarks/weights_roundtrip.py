@@ -4,7 +4,9 @@
     PYTHONPATH=. /work/venvs/exp/bin/python benchmarks/weights_roundtrip.py [--json OUT]
 
 For GPT-2 (tied LM head; the dynamo exporter's default folds the head into a transposed
-constant), LLaMA (grouped-query attention; every Linear weight folded into a transposed `val_*`)
+constant), LLaMA (grouped-query attention; every Linear weight folded into a transposed `val_*`),
+Mistral (the same, its head tied to its embedding), BERT (masked-LM head: decoder weight and bias
+each tied, exported with optimize=False, since the default precomputes the position lookups)
 and ResNet (BatchNorm; exported with optimize=False, since the default folds it into the
 convolutions, which make-training-graph refuses), and GPT-2 with optimize=False too (the default
 precomputes the position embedding's lookup: that parameter is lost): tiny configurations, random
@@ -62,6 +64,14 @@ def models():
             vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
             num_key_value_heads=2, max_position_embeddings=32, use_cache=False, attn_implementation="eager")),
             "language", True),
+        "mistral": (lambda: hf.MistralForCausalLM(hf.MistralConfig(
+            vocab_size=128, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, max_position_embeddings=32, use_cache=False, attn_implementation="eager",
+            tie_word_embeddings=True)), "language", True),
+        "bert-optimize-false": (lambda: hf.BertForMaskedLM(hf.BertConfig(
+            vocab_size=128, max_position_embeddings=32, num_hidden_layers=2, hidden_size=32, num_attention_heads=2,
+            intermediate_size=64, hidden_dropout_prob=0, attention_probs_dropout_prob=0,
+            attn_implementation="eager")), "language", False),
         "resnet": (lambda: hf.ResNetForImageClassification(hf.ResNetConfig(
             embedding_size=8, hidden_sizes=[8, 16], depths=[1, 1], layer_type="basic", num_labels=10)),
             "image", False),
@@ -155,7 +165,7 @@ def roundtrip(name: str, folder: Path) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="gpt2,gpt2-optimize-false,llama,resnet")
+    ap.add_argument("--only", default="gpt2,gpt2-optimize-false,llama,mistral,bert-optimize-false,resnet")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     rows = []
