@@ -906,6 +906,11 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
                   f"{len(s.constants):,} constants", highlight=False)
         if made.repaired:
             out.print("repaired: " + ", ".join(f"{op} ×{n}" for op, n in sorted(made.repaired.items())), highlight=False)
+        if s.recovered:
+            shown = ", ".join(f"{c} -> {p}" for c, p in list(s.recovered.items())[:3])
+            out.print(f"recovered: {len(s.recovered)} weights the exporter folded into transposed constants, trained "
+                      f"as their parameters ({shown}{', ...' if len(s.recovered) > 3 else ''}; --json lists them)",
+                      highlight=False, soft_wrap=True)
     if made.survey is not None:
         for warning in made.survey.warnings():
             click.echo(f"warning: {warning}", err=True)

@@ -93,6 +93,7 @@ class Survey:
     shared: dict[str, int] = field(default_factory=dict)  # trainable read by N nodes in the same role
     unreached: list[str] = field(default_factory=list)  # named trainable, but the loss does not depend on them
     unfed: list[str] = field(default_factory=list)  # constants whose external data is absent: graph inputs
+    recovered: dict[str, str] = field(default_factory=dict)  # folded constant -> the parameter it is trained as
 
     def warnings(self) -> list[str]:
         out = self.found.warnings() if self.found else []
@@ -111,11 +112,13 @@ class Survey:
         return out
 
     def names(self) -> dict:
-        """For --json: the trainable, frozen, constant, folded, merged, missing and tied names."""
+        """For --json: the trainable, frozen, constant, recovered, folded, merged, missing, tied and
+        computed names."""
         f = self.found
         return {"trainable": self.trainable, "frozen": self.frozen, "constants": self.constants,
-                "folded": dict(f.folded) if f else {}, "merged": dict(f.merged) if f else {},
-                "missing": list(f.missing) if f else [], "tied": dict(f.tied) if f else {}, "unfed": self.unfed,
+                "recovered": self.recovered, "folded": dict(f.folded) if f else {},
+                "merged": dict(f.merged) if f else {}, "missing": list(f.missing) if f else [],
+                "tied": dict(f.tied) if f else {}, "computed": list(f.computed) if f else [], "unfed": self.unfed,
                 "exporter": f.exporter if f else ""}
 
 
@@ -406,6 +409,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     folded = {t.name: copy_of(t) for t in model.graph.initializer if checkpoint_path and t.name in found.folded}
     recovered = recover(model, found, infer_path.parent)
     chosen = survey(model, requires_grad, frozen, trainable, found)
+    chosen.recovered = {const: param for const, (param, _) in recovered.derived.items()}
     chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
     chosen.frozen += chosen.unfed
     chosen.constants = [x for x in chosen.constants if x not in chosen.unfed]
