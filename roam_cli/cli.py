@@ -843,7 +843,8 @@ def lower(obj, model, out_path, as_json):
               help="Also train the floating-point initializers (not scalars) these globs match, comma-separated "
                    "(weights the exporter folded into constants, e.g. 'val_*').")
 @click.option("--json", "as_json", is_flag=True,
-              help="Print the trainable, frozen, constant, folded, merged and missing names as JSON.")
+              help="Print the trainable, frozen, constant, recovered, folded, merged, missing, tied and computed names "
+                   "as JSON.")
 @click.option("--optimizer", type=click.Choice(list(training_graph.ARTIFACT_OPTIMIZERS)), default="adamw",
               show_default=True)
 @click.option("--in-graph-optimizer", "in_graph", is_flag=True,
