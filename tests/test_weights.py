@@ -104,3 +104,19 @@ def test_optimizer_settings_are_checked_before_any_work(tmp_path):
              "--optimizer-setting", "eps=1e-8")
     assert r.code == 2 and "add --in-graph-optimizer" in r.err
     assert not (tmp_path / "s.onnx").exists()
+
+
+def test_a_step_whose_export_cannot_be_read_is_trained_from_synthetic_weights_and_says_so(tmp_path):
+    trained(tmp_path, 0.0)
+    (tmp_path / "lm.onnx").unlink()  # moved away after the step was made
+    r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--inputs",
+             tmp_path / "batch.npz")
+    assert r.code == 0 and "were synthesised" in r.out and "lm.onnx" in r.out
+    r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--inputs",
+             tmp_path / "batch.npz", "--json")
+    figures = json.loads(r.out)
+    assert figures["weights_from"] is None and "lm.onnx" in figures["weights_unread"]
+    assert "fc.weight" in figures["synthesised_inputs"]
+    r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--save-model",
+             tmp_path / "m.onnx")
+    assert r.code == 2 and "is not there" in r.err and not (tmp_path / "m.onnx").exists()

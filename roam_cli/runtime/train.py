@@ -350,11 +350,20 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
         if save_model is not None and planned.source is None:
             raise RoamError(f"--save-model: {model_path} does not record the inference export it was made from "
                             "(roam make-training-graph records it)")
+        if save_model is not None and not planned.source.path.is_file():
+            raise RoamError(f"--save-model: the inference export {planned.source.path} the step was made from is "
+                            "not there")
         arrays = read_batches(inputs_path, planned)
-        exported = planned.source.starting_values(set(planned.input_names) - set(arrays)) if planned.source else {}
+        exported, unread = {}, None
+        if planned.source is not None:
+            try:
+                exported = planned.source.starting_values(set(planned.input_names) - set(arrays))
+            except RoamError as e:  # a weightless export (planning only): synthesised, and said so
+                unread = str(e)
         figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
                             allocator, compare, report)
         figures["weights_from"] = str(planned.source.path) if exported else None
+        figures["weights_unread"] = unread
         # what training changed that the model holds: its parameters and running statistics, not the moments
         kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
         trained = {name: value for name, value in planned.state_arrays().items()
@@ -451,6 +460,9 @@ def render_summary(result: dict, console) -> None:
     console.print(line, highlight=False, soft_wrap=True)
     if result.get("weights_from"):
         console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
+    if result.get("weights_unread"):
+        console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
+                      highlight=False, soft_wrap=True)
     for key, what in (("saved_weights", "trained weights"), ("saved_model", "the export with the trained weights")):
         if key in result:
             console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)

@@ -52,11 +52,8 @@ class Source:
 
     def starting_values(self, wanted: set[str]) -> dict[str, np.ndarray]:
         """The export's value of each name in `wanted` it holds (a recovered parameter: its derived
-        constant transposed back); {} when its weights cannot be read."""
-        try:
-            model = self.load()
-        except RoamError:
-            return {}
+        constant transposed back); RoamError when its weights cannot be read."""
+        model = self.load()
         inits = {t.name: t for t in model.graph.initializer}
         values = {name: numpy_helper.to_array(inits[name]) for name in wanted if name in inits}
         for const, (param, perm) in self.derived.items():
