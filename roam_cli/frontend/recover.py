@@ -47,8 +47,7 @@ class Recovered:
     tied: dict[str, str] = field(default_factory=dict)  # a parameter's other PyTorch name -> the name it trains as
 
     def record(self) -> dict:
-        return {"derived": {c: [p, perm] for c, (p, perm) in self.derived.items()}, "added": self.added,
-                "tied": self.tied}
+        return {"derived": {c: [p, perm] for c, (p, perm) in self.derived.items()}, "tied": self.tied}
 
 
 def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:

@@ -404,8 +404,8 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     if found.folded_norms and not allow_folded_batchnorm:
         raise RoamError(found.folded_norms_refusal())
     if found.folded_norms:  # trained as it is: the convolutions' folded weights and biases are its parameters
-        trainable = [*trainable, *(x for x in found.folded if any(x in n.input for n in model.graph.node
-                                                                 if n.op_type == "Conv"))]
+        convolved = {x for n in model.graph.node if n.op_type == "Conv" for x in n.input}
+        trainable = [*trainable, *(x for x in found.folded if x in convolved)]
     folded = {t.name: copy_of(t) for t in model.graph.initializer if checkpoint_path and t.name in found.folded}
     recovered = recover(model, found, infer_path.parent)
     chosen = survey(model, requires_grad, frozen, trainable, found)

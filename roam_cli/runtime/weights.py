@@ -4,13 +4,14 @@ from, and the trained parameters go back as PyTorch has them, or into that expor
 `make-training-graph` records in the step's metadata (`recover.SOURCE_KEY`) the export's path
 (relative to the step's folder) and what it changed: constants the exporter derived from a
 parameter (`derived`: constant -> (parameter, perm), the constant being the parameter transposed
-by perm), parameters it made graph inputs (`added`: their data is the derived constant's,
-transposed back), and ties (`tied`: another PyTorch name -> the parameter trained).
+by perm; a parameter the export holds only so is that constant transposed back), and ties
+(`tied`: another PyTorch name -> the parameter trained).
 
 - `Source.starting_values`: every graph input the export holds a value for (parameters, frozen
-  weights, running statistics), read once; absent data leaves them to be synthesised.
+  weights, running statistics), read once; RoamError when the export cannot be read (`train`
+  then synthesises them and says so).
 - `write_weights`: the trained parameters under their PyTorch names (a tied one once, under the
-  name trained; `model.load_state_dict(weights, strict=False)` loads it, PyTorch re-ties), in the
+  name trained; `model.load_state_dict(weights, strict=False)` fills the one tensor), in the
   layouts PyTorch has (a recovered weight already is one): safetensors, or .npz.
 - `write_model`: the export itself with the trained values, its derived constants made again
   from them (ONNX Runtime's `export_model_for_inferencing`, for roam's steps)."""
@@ -41,7 +42,6 @@ WEIGHT_FORMATS = (".safetensors", ".npz")
 class Source:
     path: Path  # the inference export
     derived: dict[str, tuple[str, list[int]]]
-    added: list[str]
     tied: dict[str, str]
 
     def load(self) -> onnx.ModelProto:
@@ -68,7 +68,7 @@ def source_of(model: onnx.ModelProto, folder: Path) -> Source | None:
     if record is None:
         return None
     r = json.loads(record)
-    return Source(folder / r["model"], {c: (p, perm) for c, (p, perm) in r["derived"].items()}, r["added"], r["tied"])
+    return Source(folder / r["model"], {c: (p, perm) for c, (p, perm) in r["derived"].items()}, r["tied"])
 
 
 def check_weights_path(path: Path) -> None:
