@@ -374,8 +374,8 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     counts it. Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with
     --compare when the planned run differs from the plain one by more than 1e-5 relative.
 
-    A step roam made from an inference export starts from that export's weights (where its data
-    can be read; else they are synthesised, as are inputs --inputs does not give), and gives them
+    A step roam made from an inference export starts from that export's weights (where it can be
+    read; else they are synthesised, and a warning says so), and gives them
     back: --save-weights for PyTorch, --save-model as the export with the trained weights.
 
     \b
@@ -387,8 +387,9 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary, train as run_training
 
-    for i, path in enumerate(p for p in (save_weights, save_model) if p is not None):
-        check_output_path(path, [model, plan_path] + [p for p in (save_weights, save_model) if p is not None][:i])
+    outputs = [p for p in (save_weights, save_model) if p is not None]
+    for i, path in enumerate(outputs):
+        check_output_path(path, [model, plan_path, *outputs[:i]])
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
