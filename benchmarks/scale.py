@@ -1,24 +1,37 @@
 #!/usr/bin/env python3
-"""Scale: 70B- and 405B-class LLaMA training steps planned with --recompute off and free.
+"""Scale: 70B- and 405B-class LLaMA training steps, in the variants users make, planned with --recompute off and free.
 
-    /work/venvs/exporters/bin/python benchmarks/scale.py --build          # make the steps (torch)
-    python benchmarks/scale.py [--only 70b] [--json benchmarks/results/scale.json]
+    /work/venvs/fused/bin/python benchmarks/scale.py --build [--only 70b]   # make the steps (torch)
+    python benchmarks/scale.py [--only 70b-base,405b] [--json benchmarks/results/scale.json]
 
 The steps are made as docs/training-graphs.md makes LLaMA-architecture steps without weights:
 `transformers.LlamaForCausalLM` built from its configuration on `torch.device("meta")`, exported
-with `roam_cli.frontend.torch_export`, then `make-training-graph --backend ort-artifacts --fused
---in-graph-optimizer` (ONNX Runtime's artifacts, its fused ops kept, AdamW inside the graph) into
-`<cache>/<model>/full_step.onnx` (default cache /work/scale_cache; a step already there is kept).
-`--route roam` makes `roam_step.onnx` with roam's own backward in standard ONNX instead.
+with `roam_cli.frontend.torch_export`, then `make-training-graph --in-graph-optimizer` (AdamW inside
+the graph) into `<cache>/<export>/<step>` (default cache /work/scale_cache; a step already there is
+kept; variants that differ only in the backward share the export).
+
+Each size is made in the variants of `VARIANTS` (`--only` takes sizes and variant names such as
+`70b-sdpa`). The base is the eager attention, one key/value head per head, the loss inside the
+model's forward (transformers' own, shifted), batch 1 × 512, and ONNX Runtime's artifacts with
+their fused ops (`--backend ort-artifacts --fused`). Each other variant flips some of these:
+`sdpa` attention; `gqa`, 8 key/value heads as the released 70B and 405B models have; `loss-route`,
+the export returns logits and make adds the cross-entropy (`--loss cross-entropy`) on logits
+flattened to [B·S, V]; `3d-logits`, the same on logits [B, S, V], with roam's backward (ONNX
+Runtime's CrossEntropyLoss block gives them labels [B, S], which its SoftmaxCrossEntropyLoss,
+reading the classes at axis 1, refuses when the step runs); `4x2048`, batch 4 × 2,048;
+`roam-backward`, roam's own backward in standard ONNX (`--backend roam`); `sdpa-gqa-roam`, all
+of sdpa, gqa, loss-route and roam-backward at once.
 
 Each plan is one `roam optimize STEP -o PLAN --jobs 2 --recompute MODE --gap GAP` command under
 `/usr/bin/time -v` (wall time, CPU time of the command and its workers, peak RSS; on a shared
 machine the CPU time is the figure that compares runs); the table prints peak live bytes, the order's lower
-bound and the gap to it, the layout's fragmentation (arena / peak live - 1), and `roam verify`."""
+bound and the gap to it, the layout's fragmentation (arena / peak live - 1), and `roam verify`.
+The plans are written into `--plans` (default: a temporary folder)."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime
 import itertools
 import json
@@ -38,26 +51,52 @@ GIB = 2**30
 
 @dataclass(frozen=True)
 class Llama:
-    name: str
     layers: int
     hidden: int
     intermediate: int
     heads: int
-    batch: int = 1
-    seq: int = 512
     vocab: int = 32000
 
 
+@dataclass(frozen=True)
+class Variant:
+    """How a user makes the step: the export's choices, then the backward's."""
+
+    attention: str = "eager"  # transformers' attn_implementation: eager or sdpa
+    kv_heads: int | None = None  # grouped-query attention's key/value heads; None: one per head
+    loss: str = "model"  # model: the export returns the model's own loss; route: logits, make adds cross-entropy
+    flat_logits: bool = True  # with the loss route: logits [B·S, V], else [B, S, V]
+    batch: int = 1
+    seq: int = 512
+    route: str = "ort"  # ort: ONNX Runtime's artifacts, fused ops kept; roam: roam's backward, standard ONNX
+
+    def export(self, size: str) -> str:
+        """The folder of the export (shared by the variants that differ only in the route)."""
+        logits = "" if self.loss == "model" else "-flat" if self.flat_logits else "-3d"
+        return (f"{size}-{self.attention}-{'gqa' if self.kv_heads else 'mha'}-loss-{self.loss}{logits}-"
+                f"{self.batch}x{self.seq}")
+
+
 MODELS = {
-    "70b": Llama("llama_70b", 80, 8192, 28672, 64),
-    "405b": Llama("llama_405b", 126, 16384, 53248, 128),
-    "tiny": Llama("llama_tiny_scale", 4, 64, 128, 4),  # the route's smoke test
+    "70b": Llama(80, 8192, 28672, 64),
+    "405b": Llama(126, 16384, 53248, 128),
+    "tiny": Llama(4, 64, 128, 16),  # the variants' smoke test (16 heads: gqa groups them in pairs)
+}
+VARIANTS = {
+    "base": Variant(),
+    "sdpa": Variant(attention="sdpa"),
+    "gqa": Variant(kv_heads=8),
+    "loss-route": Variant(loss="route"),
+    "3d-logits": Variant(loss="route", flat_logits=False, route="roam"),
+    "4x2048": Variant(batch=4, seq=2048),
+    "roam-backward": Variant(route="roam"),
+    "sdpa-gqa-roam": Variant(attention="sdpa", kv_heads=8, loss="route", route="roam"),
 }
 STEP = {"ort": "full_step.onnx", "roam": "roam_step.onnx"}
 
 
-def export_forward(spec: Llama, folder: Path) -> Path:
-    """<folder>/forward.onnx: the model and its own causal-LM loss, exported without weights."""
+def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
+    """<folder>/forward.onnx: the model, with its own causal-LM loss or returning its logits, exported without weights."""
     import logging
     import warnings
 
@@ -87,44 +126,61 @@ def export_forward(spec: Llama, folder: Path) -> Path:
         mask = masks.sdpa_mask(*args, allow_is_causal_skip=False, allow_torch_fix=False, **kwargs)
         return torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
 
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids):
+            logits = self.m(input_ids=input_ids).logits
+            return logits.flatten(0, 1) if variant.flat_logits else logits
+
     torch.autocast = Autocast
     masks.AttentionMaskInterface._global_mapping["eager"] = eager_mask
     config = hf.LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                             num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
-                            num_key_value_heads=spec.heads, attn_implementation="eager", use_cache=False)
+                            num_key_value_heads=variant.kv_heads or spec.heads, attn_implementation=variant.attention,
+                            use_cache=False)
     with torch.device("meta"):
         model = hf.LlamaForCausalLM(config)
     model.train()
-    ids = torch.zeros((spec.batch, spec.seq), dtype=torch.int64, device="meta")
-    exported = torch_export.export(LanguageModelLoss(model), (ids, ids.clone()), ["input_ids", "labels"], ["loss"],
-                                   prefix="m.")
+    ids = torch.zeros((variant.batch, variant.seq), dtype=torch.int64, device="meta")
+    if variant.loss == "model":
+        exported = torch_export.export(LanguageModelLoss(model), (ids, ids.clone()), ["input_ids", "labels"], ["loss"],
+                                       prefix="m.")
+    else:
+        exported = torch_export.export(Logits(model), (ids,), ["input_ids"], ["logits"], prefix="m.")
     path = folder / "forward.onnx"
     write_atomic(path, exported.model.SerializeToString())
     return path
 
 
-def build(spec: Llama, cache: Path, route: str) -> Path:
-    """The step of `spec` made by `route` (kept when already in the cache)."""
-    folder = cache / spec.name
-    step = folder / STEP[route]
+def step_path(cache: Path, size: str, variant: Variant) -> Path:
+    return cache / variant.export(size) / STEP[variant.route]
+
+
+def build(size: str, variant: Variant, cache: Path) -> Path:
+    """The step of `variant` of the `size`-class model (kept when already in the cache)."""
+    step = step_path(cache, size, variant)
     if step.exists():
         return step
-    folder.mkdir(parents=True, exist_ok=True)
-    forward = folder / "forward.onnx"
+    step.parent.mkdir(parents=True, exist_ok=True)
+    forward = step.parent / "forward.onnx"
     t = time.time()
     if not forward.exists():
-        export_forward(spec, folder)
-        print(f"{spec.name}: exported in {time.time() - t:.0f} s", flush=True)
+        export_forward(MODELS[size], variant, step.parent)
+        print(f"{step.parent.name}: exported in {time.time() - t:.0f} s", flush=True)
     from roam_cli.frontend import training_graph
 
     t = time.time()
-    if route == "ort":
-        training_graph.make(forward, step, loss="none", in_graph=True, fused=True)
+    loss = "none" if variant.loss == "model" else "cross-entropy"
+    if variant.route == "ort":
+        training_graph.make(forward, step, loss=loss, in_graph=True, fused=True)
     else:
         from roam_cli.backward.step import build as roam_backward
 
-        training_graph.make(forward, step, loss="none", in_graph=True, backward=roam_backward)
-    print(f"{spec.name}: {step.name} in {time.time() - t:.0f} s", flush=True)
+        training_graph.make(forward, step, loss=loss, in_graph=True, backward=roam_backward)
+    print(f"{step.parent.name}: {step.name} in {time.time() - t:.0f} s", flush=True)
     return step
 
 
@@ -140,8 +196,8 @@ def timed(*args: str) -> tuple[int, str, float, float, float]:
     return run.returncode, message.strip(), wall, cpu, int(rss.group(1)) / 2**20 if rss else float("nan")
 
 
-def plan(step: Path, folder: Path, mode: str, jobs: int, stop_gap: str) -> dict:
-    out = folder / f"{step.parent.name}-{step.stem}-{mode}-{stop_gap}.json"
+def plan(name: str, step: Path, folder: Path, mode: str, jobs: int, stop_gap: str) -> dict:
+    out = folder / f"{name}-{mode}-{stop_gap}.json"
     code, message, wall, cpu, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode,
                                           "--gap", stop_gap)
     row = {"mode": mode, "stop_gap": float(stop_gap), "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
@@ -175,35 +231,49 @@ def row_md(name: str, r: dict) -> str:
             f"{'yes' if r['verified'] else 'NO'} |")
 
 
+def chosen(only: str) -> list[tuple[str, str]]:
+    """The (size, variant) pairs `--only` names: a size stands for all its variants."""
+    picked = []
+    for item in only.split(","):
+        size, _, name = item.partition("-")
+        if size not in MODELS or (name and name not in VARIANTS):
+            raise SystemExit(f"unknown step {item!r}: a size ({', '.join(MODELS)}) or SIZE-VARIANT "
+                             f"({', '.join(VARIANTS)})")
+        picked += [(size, v) for v in ([name] if name else VARIANTS)]
+    return picked
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="70b,405b", help="comma-separated: 70b, 405b, tiny")
+    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny) and variants (70b-sdpa)")
     ap.add_argument("--cache", type=Path, default=CACHE)
-    ap.add_argument("--route", choices=sorted(STEP), default="ort",
-                    help="ort: ORT's fused artifacts (default); roam: roam's own backward, standard ONNX")
     ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
     ap.add_argument("--modes", default="off,free")
     ap.add_argument("--gaps", default="0", help="comma-separated values of optimize --gap")
     ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--plans", type=Path, help="folder to keep the plans in (default: a temporary one)")
     ap.add_argument("--json", dest="json_out", type=Path)
     args = ap.parse_args(argv)
-    specs = [MODELS[m] for m in args.only.split(",")]
+    steps = chosen(args.only)
     if args.build:
-        for spec in specs:
-            print(build(spec, args.cache, args.route))
+        for size, name in steps:
+            print(build(size, VARIANTS[name], args.cache), flush=True)
         return 0
     rows = []
     print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
-        for spec in specs:
-            step = args.cache / spec.name / STEP[args.route]
+        folder = args.plans or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for size, name in steps:
+            variant = VARIANTS[name]
+            step = step_path(args.cache, size, variant)
             if not step.exists():
-                raise SystemExit(f"{step} is missing: make it with --build (in /work/venvs/exporters)")
+                raise SystemExit(f"{step} is missing: make it with --build (in /work/venvs/fused)")
             for mode, stop_gap in itertools.product(args.modes.split(","), args.gaps.split(",")):
-                r = plan(step, Path(tmp), mode, args.jobs, stop_gap) | {"step": spec.name, "route": args.route}
-                rows.append(r)
-                print(row_md(spec.name, r), flush=True)
+                r = plan(f"{size}-{name}", step, folder, mode, args.jobs, stop_gap)
+                rows.append(r | {"step": f"{size}-{name}", "variant": dataclasses.asdict(variant)})
+                print(row_md(f"{size}-{name}", r), flush=True)
                 if args.json_out:  # after every row: a 405B-class run takes many minutes
                     meta = {"date": datetime.date.today().isoformat(),
                             "machine": f"{platform.machine()}, {platform.python_version()}",
