@@ -125,7 +125,8 @@ def cli(ctx, quiet, verbose):
 @click.option("--time-limit", type=SECONDS, default=None, help="Seconds the solvers may use in all.")
 @click.option("--gap", type=GAP, default=pipeline.Options.gap, show_default=True,
               help="Stop searching once the order's peak is within this fraction of its lower bound, and the "
-                   "arena within a tenth of it of the peak of live bytes (0: search until proven or out of time).")
+                   "arena within a tenth of it of the peak of live bytes (0: search until proven or out of time; "
+                   "a gap under one alignment unit is always closed by proof).")
 @click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
 @click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
