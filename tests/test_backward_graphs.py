@@ -121,7 +121,9 @@ def test_sample_gradients_equal_onnx_runtime_artifacts_within_1e_4():
 
 # ---- the fixtures: standard-ONNX steps that plan, verify and train -----------------------------
 
-@pytest.mark.parametrize("name, loss", [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")])
+# tiny_resnet's step is slow: test_plan_workspace makes, plans, verifies and trains it in the default run
+@pytest.mark.parametrize("name, loss", [("tiny_gpt2", "none"), ("tiny_bert", "none"),
+                                        pytest.param("tiny_resnet", "cross-entropy", marks=pytest.mark.slow)])
 def test_fixture_full_step_is_standard_onnx_that_plans_verifies_and_trains(tmp_path, name, loss):
     step, plan = tmp_path / "step.onnx", tmp_path / "plan.json"
     r = roam("make-training-graph", FIXTURES / name / "forward.onnx", "-o", step, "--loss", loss, "--in-graph-optimizer")

@@ -45,6 +45,7 @@ def test_membership_from_the_plan_alone():
     assert pair.source(old) == pair.source(plan) == plan["model"]
 
 
+@pytest.mark.slow  # 8 s; test_ort_optimized verifies and executes annotated models in the default run
 def test_verify_and_execute_accept_the_annotated_model(runnable_plan):
     _, plan_path, plan, annotated_path = runnable_plan
     r = roam("verify", annotated_path, plan_path)

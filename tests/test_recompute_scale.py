@@ -60,6 +60,7 @@ def deep_step(tmp_path_factory):
     return d / "step.onnx", d
 
 
+@pytest.mark.slow  # 20 s; test_recompute plans and trains the sample's step with its copies
 def test_a_hundred_layer_step_recomputes_with_a_proven_order_and_no_fragmentation(deep_step):
     step, d = deep_step
     r = roam("-q", "optimize", step, "-o", d / "plan.json", "--recompute", "free")

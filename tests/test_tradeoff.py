@@ -120,6 +120,7 @@ def test_the_picture_and_the_marks(swept):
 # (Tiny GPT-2's front has 6 points once the memory model writes ONNX Runtime's in-place kernels
 # into their inputs: every further budget gives a plan that one of them dominates, at any time limit.)
 
+@pytest.mark.slow  # 25 s; the hand-built step above checks every point by hand
 def test_the_tiny_bert_step_has_a_verified_monotone_front_of_8_points(tmp_path):
     step = tmp_path / "step.onnx"
     r = roam("make-training-graph", ROOT / "tests" / "fixtures" / "tiny_bert" / "forward.onnx", "-o", step,
