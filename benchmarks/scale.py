@@ -96,7 +96,7 @@ STEP = {"ort": "full_step.onnx", "roam": "roam_step.onnx"}
 
 
 def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
-    """<folder>/forward.onnx: the model, with its own causal-LM loss or returning its logits, exported without weights."""
+    """<folder>/forward.onnx: the model returning its own causal-LM loss or its logits, without weights."""
     import logging
     import warnings
 
@@ -245,7 +245,7 @@ def chosen(only: str) -> list[tuple[str, str]]:
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny) and variants (70b-sdpa)")
+    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny), variants (70b-sdpa)")
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
     ap.add_argument("--modes", default="off,free")
