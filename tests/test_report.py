@@ -86,6 +86,8 @@ def test_the_order_line_says_how_far_the_order_can_be_from_optimal():
     near["stats"]["order"].update(lower_bound_bytes=799.7, proven_optimal=False, gap=0.001)
     assert order_bound_line(order_bound(near)) == ("within 0.038% of optimal (bound 799.7 B; "
                                                    "the search stopped within --gap 0.1%)")
+    near["stats"]["order"]["gap"] = 0.0001  # stopped by its time limit, not by --gap
+    assert order_bound_line(order_bound(near)) == "within 0.038% of optimal (bound 799.7 B)"
 
 
 def test_markdown_report_and_budget_exit_codes(sample_plan, tmp_path):

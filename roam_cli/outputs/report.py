@@ -202,8 +202,8 @@ def order_bound(plan: dict) -> dict | None:
     proven = stats.get("proven_optimal", False) or peak <= bound
     found = {"lower_bound_bytes": bound, "proven_optimal": proven,
              "gap": 0.0 if proven or not bound else peak / bound - 1}
-    if stats.get("gap") and not proven:  # optimize --gap stopped the search there
-        found["stop_gap"] = stats["gap"]
+    if stats.get("gap") and not proven and found["gap"] <= stats["gap"]:  # --gap stopped the search there
+        found["stop_gap"] = stats["gap"]  # (not the time limit, which --gap's default can leave further off)
     return found
 
 
