@@ -29,7 +29,7 @@ COPY . /src
 RUN pip install --no-cache-dir "/src[plot]" \
     && if [ "$ORT_PACKAGE" != onnxruntime ]; then \
         pip uninstall -y onnxruntime && pip install --no-cache-dir "$ORT_PACKAGE"; fi \
-    && python -c 'import roam_cli.runtime._planalloc, roam_cli.layout._search'
+    && python -c 'import roam_cli.runtime._planalloc, roam_cli.layout._search, roam_cli.order._ideals'
 
 FROM ${BASE}
 COPY --from=build /opt/venv /opt/venv

@@ -51,12 +51,26 @@ def test_roam_finds_the_brute_force_optimum_on_200_random_graphs():
         assert order.peak_of(mm, found) == best, [n.name for n in graph.nodes]
 
 
-def test_down_set_search_is_exact_and_proves_it():
+@pytest.mark.parametrize("engine", ["c", "python"])
+def test_down_set_search_is_exact_and_proves_it(engine):
     for (_, mm), best in zip(CASES, OPTIMA):
         problem = from_memory_model(mm)
-        found = ideals.solve(problem, kahn(problem), max_states=10**6, deadline=float("inf"))
+        found = ideals.solve(problem, kahn(problem), max_states=10**6, deadline=float("inf"), engine=engine)
         assert found.optimal and found.peak == best == peak(problem, found.order)
         assert is_topological(problem, found.order)
+
+
+@pytest.mark.skipif(ideals._ideals is None, reason="the C extension did not build")
+def test_the_c_search_is_the_reference_state_for_state():
+    # same order, peak, proof and visited count, under budgets that stop it mid-search too, on
+    # problems wider than one 64-bit word of nodes
+    rng = random.Random(5)
+    for trial in range(40):
+        problem = random_problem(rng, rng.randint(2, 140))
+        start = kahn(problem)
+        for budget in (50, 3_000):
+            c, py = (ideals.solve(problem, start, budget, float("inf"), engine=e) for e in ("c", "python"))
+            assert (c.order, c.peak, c.optimal, c.states) == (py.order, py.peak, py.optimal, py.states), trial
 
 
 def test_down_set_search_is_exact_on_the_general_form():
@@ -113,7 +127,7 @@ def test_the_search_stops_once_the_peak_is_within_the_gap(gap, expected):
     bound = bounds.Bound(problem, anc, desc)
     stats = roam.Stats(lower_bound=bound.raised(every_x_first))
     assert stats.lower_bound == 300
-    search = roam.Search(problem, bound, every_x_first, time.perf_counter() + 60, "cbc", 1, None, stats,
+    search = roam.Search(problem, bound, every_x_first, time.perf_counter() + 60, 1, None, stats,
                          lambda _: None, gap)
     assert peak(problem, search.run()) == expected
 

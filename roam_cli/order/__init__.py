@@ -76,20 +76,16 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
         measured = measured if measured is not None else baselines(mm, op_types)
         deadline = time.perf_counter() + seconds
         found, stats = roam_mod.order(problem, {k: v["order"] for k, v in measured.items()}, deadline, jobs,
-                                      solver, progress, gap)
+                                      progress, gap)
         best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
         if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
             found = measured[best_baseline]["order"]
-        out = {"solver": solver, "reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
+        out = {"reduced_nodes": stats.reduced_nodes, "removed_by_rule": stats.removed,
                "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
                # an order at the proven bound is optimal, whichever of roam's or a baseline's it is
                "proven_optimal": stats.proven_optimal or peak_of(mm, found) <= stats.lower_bound, "gap": gap,
                "repairs": stats.repairs, "tree_passes": stats.passes,
                "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
-               "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused,
-               "leaf_solvers": stats.leaf_solvers}
-        if stats.solver_failures:
-            out["fallback"] = "; ".join(f"{failure} on {n} leaf shape(s), which kept the search's order"
-                                        for failure, n in sorted(stats.solver_failures.items()))
+               "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused}
         return found, out
     raise ValueError(f"unknown order strategy {strategy!r}")

@@ -14,12 +14,22 @@ order without S: a node w of it now runs with the nodes R of S that came after w
 and the live bytes at its step change by at most live(D + S) - live(D + S - R) <= 0 (R is an
 up-set of S: the buffers R allocates that outlive S, minus those R frees). So from D the search
 takes only S, and never branches over the orders of an update chain that fits under T now. A
-single node that frees at least what it allocates is the smallest such block."""
+single node that frees at least what it allocates is the smallest such block.
+
+The search for one limit runs in C (`_ideals.below`, the default engine): the same search, state
+for state, so a budget of visited sets gives the same order with either engine; `below()` here is
+its reference, which the tests compare it with and which runs where the extension did not build."""
 
 import time
+from array import array
 from dataclasses import dataclass
 
 from roam_cli.order.problem import Problem, peak
+
+try:
+    from roam_cli.order import _ideals
+except ImportError:  # the C extension did not build (it is optional): the Python reference runs instead
+    _ideals = None
 
 BLOCK_NODES = 24  # the longest block tried (an AdamW chain after the rules is 9 nodes)
 BLOCK_IDEALS = 256  # the most down-sets of a block compared with its end
@@ -35,7 +45,11 @@ class Result:
 
 
 class Budget(Exception):
-    pass
+    """Out of visited sets or time; `visited` sets were visited."""
+
+    def __init__(self, visited: int):
+        super().__init__(visited)
+        self.visited = visited
 
 
 class Space:
@@ -44,6 +58,7 @@ class Space:
     def __init__(self, problem: Problem):
         n = problem.n
         self.n = n
+        self.problem = problem
         self.pred_mask = [sum(1 << u for u in ps) for ps in problem.preds]
         self.sizes = [b.bytes for b in problem.buffers]
         self.alloc_mask = [sum(1 << a for a in b.alloc) for b in problem.buffers]
@@ -121,14 +136,39 @@ class Space:
         return run, now, lv
 
 
-def solve(problem: Problem, warm_start: list[int], max_states: int, deadline: float,
-          known_bound: int = 0) -> Result:
-    space = Space(problem)
-    best, best_peak = list(warm_start), peak(problem, warm_start)
-    full = (1 << problem.n) - 1
-    visited_total = 0
+def csr(rows) -> tuple[array, array]:
+    """Lists of ints as (starts, members): row r is members[starts[r]:starts[r + 1]]."""
+    starts, members = array("q", [0]), array("q")
+    for row in rows:
+        members.extend(row)
+        starts.append(len(members))
+    return starts, members
 
-    def moves_from(done: int, live: int, ready: int, limit: int) -> list[tuple[int, list[int], int]]:
+
+def bits(mask: int) -> list[int]:
+    return [v for v in range(mask.bit_length()) if mask >> v & 1]
+
+
+def below_c(space: Space, limit: int, budget: int, deadline: float) -> tuple[list[int] | None, int]:
+    """`below_python` in C: (an order whose every step is at most `limit` or None, sets visited)."""
+    p = space.problem
+    status, visited, found = _ideals.below(
+        p.n, len(p.buffers), *csr(p.preds), *csr(p.succs), *csr(space.touches), *csr(bits(m) for m in space.near),
+        array("q", space.sizes), *csr(b.alloc for b in p.buffers), *csr(b.readers for b in p.buffers),
+        array("q", space.to_end), space.start_live, limit, budget, max(deadline - time.perf_counter(), 0.0))
+    if status < 0:
+        raise Budget(visited)
+    return found, visited
+
+
+def below_python(space: Space, limit: int, budget: int, deadline: float) -> tuple[list[int] | None, int]:
+    """(An order whose every step is at most `limit`, or None when there is none; the sets
+    visited), raising Budget past `budget` visited sets or the deadline."""
+    seen = {0}
+    visited = 0
+    full = (1 << space.n) - 1
+
+    def moves_from(done: int, live: int, ready: int) -> list[tuple[int, list[int], int]]:
         """The moves worth trying from `done`: (live after, nodes, next down-set); popped from the end."""
         options = []
         rest = ready
@@ -147,42 +187,48 @@ def solve(problem: Problem, warm_start: list[int], max_states: int, deadline: fl
         options.sort(reverse=True)  # least live after it first
         return [(after, [v], done | 1 << v) for after, _, v in options if done | 1 << v not in seen]
 
-    def below(limit: int) -> list[int] | None:
-        """An order whose every step is at most `limit`, or None when there is none."""
-        nonlocal visited_total, seen
-        seen = {0}
-        path: list[list[int]] = []
-        stack = [(0, space.start_live, space.sources, None)]  # (done set, live after it, ready set, next moves)
-        while stack:
-            done, live, ready, moves = stack[-1]
-            if moves is None:
-                if done == full:
-                    return [v for run in path for v in run]
-                moves = moves_from(done, live, ready, limit)
-                stack[-1] = (done, live, ready, moves)
-            if not moves:
-                stack.pop()
-                if path:
-                    path.pop()
-                continue
-            after, run, nxt = moves.pop()
-            if nxt in seen:
-                continue
-            seen.add(nxt)
-            visited_total += 1
-            if visited_total > max_states or time.perf_counter() > deadline:
-                raise Budget
-            path.append(run)
-            stack.append((nxt, after, space.ready_after(ready, nxt, run), None))
-        return None
+    path: list[list[int]] = []
+    stack = [(0, space.start_live, space.sources, None)]  # (done set, live after it, ready set, next moves)
+    while stack:
+        done, live, ready, moves = stack[-1]
+        if moves is None:
+            if done == full:
+                return [v for run in path for v in run], visited
+            moves = moves_from(done, live, ready)
+            stack[-1] = (done, live, ready, moves)
+        if not moves:
+            stack.pop()
+            if path:
+                path.pop()
+            continue
+        after, run, nxt = moves.pop()
+        if nxt in seen:
+            continue
+        seen.add(nxt)
+        visited += 1
+        if visited > budget or time.perf_counter() > deadline:
+            raise Budget(visited)
+        path.append(run)
+        stack.append((nxt, after, space.ready_after(ready, nxt, run), None))
+    return None, visited
 
-    seen: set[int] = set()
+
+def solve(problem: Problem, warm_start: list[int], max_states: int, deadline: float,
+          known_bound: int = 0, engine: str = "c") -> Result:
+    """The least peak order found from `warm_start` within `max_states` visited sets and the
+    deadline, proven optimal when a search below it failed. `engine`: "c" (the default, where the
+    extension built) or "python", the reference."""
+    space = Space(problem)
+    below = below_c if engine == "c" and _ideals is not None else below_python
+    best, best_peak = list(warm_start), peak(problem, warm_start)
+    visited_total = 0
     try:
         while best_peak > known_bound:
-            found = below(best_peak - 1)
+            found, visited = below(space, best_peak - 1, max_states - visited_total, deadline)
+            visited_total += visited
             if found is None:
                 return Result(best, best_peak, True, visited_total)
             best, best_peak = found, peak(problem, found)
-    except Budget:
-        return Result(best, best_peak, False, visited_total)
+    except Budget as out:
+        return Result(best, best_peak, False, visited_total + out.visited)
     return Result(best, best_peak, True, visited_total)

@@ -52,7 +52,7 @@ class OutOfTime(Exception):
 class Model:
     """The ILP of one problem; raises OutOfTime when building it passes `deadline`."""
 
-    def __init__(self, problem: Problem, deadline: float, known_bound: int = 0, ceiling: int | None = None):
+    def __init__(self, problem: Problem, deadline: float, ceiling: int | None = None):
         self.problem = problem
         n = problem.n
         anc, desc = reachability(problem)
@@ -123,7 +123,7 @@ class Model:
                 for allocated, minus in conditions:
                     lp += live >= allocated - pulp.lpSum(minus)
                 live_terms[t].append(buf.bytes // unit * live)
-        self.m = lp.add_variable("M", lowBound=known_bound // unit,
+        self.m = lp.add_variable("M", lowBound=0,
                                  upBound=ceiling // unit if ceiling is not None else None)
         # under a ceiling any feasible order will do: a constant objective stops at the first one
         lp.setObjective(self.m if ceiling is None else pulp.LpAffineExpression())
@@ -140,11 +140,10 @@ class Model:
             var.setInitialValue(1 if first <= t <= last else 0)
         self.m.setInitialValue(peak(self.problem, order) // self.unit)
 
-    def run(self, deadline: float, solver: str, warm: bool,
-            max_nodes: int | None = None) -> tuple[list[int] | None, str]:
-        """Solve until `deadline` or `max_nodes` branch-and-bound nodes: (the order found or None,
-        `milp.solve`'s status, or a verification failure)."""
-        status = milp.solve(self.lp, solver, deadline, warm, max_nodes)
+    def run(self, deadline: float, solver: str, warm: bool) -> tuple[list[int] | None, str]:
+        """Solve until `deadline`: (the order found or None, `milp.solve`'s status, or a
+        verification failure)."""
+        status = milp.solve(self.lp, solver, deadline, warm)
         if status not in milp.FOUND:
             return None, status
         n = self.problem.n
@@ -164,16 +163,14 @@ def constant(term, value: int) -> bool:
     return isinstance(term, int) and term == value
 
 
-def solve(problem: Problem, warm_start: list[int], deadline: float, solver: str = "cbc",
-          known_bound: int = 0, max_nodes: int | None = None) -> Solution:
-    """Minimise the peak of `problem` until `deadline` (time.perf_counter()) or `max_nodes`
-    branch-and-bound nodes (a budget that, unlike time, gives the same answer on every run);
-    never returns an order worse than `warm_start`. `known_bound` is a proven lower bound."""
+def solve(problem: Problem, warm_start: list[int], deadline: float, solver: str = "cbc") -> Solution:
+    """Minimise the peak of `problem` until `deadline` (time.perf_counter()); never returns an
+    order worse than `warm_start`."""
     start_peak = peak(problem, warm_start)
-    if problem.n <= 1 or start_peak <= known_bound:
+    if problem.n <= 1:
         return Solution(list(warm_start), start_peak, "optimal", 0)
     try:
-        model = Model(problem, deadline, known_bound)
+        model = Model(problem, deadline)
     except OutOfTime:
         return Solution(list(warm_start), start_peak, "out of time building the model", 0)
     if model.size > MAX_VARIABLES:
@@ -181,7 +178,7 @@ def solve(problem: Problem, warm_start: list[int], deadline: float, solver: str 
     if deadline - time.perf_counter() < 1:
         return Solution(list(warm_start), start_peak, "out of time building the model", model.size)
     model.warm_start(warm_start)
-    order, status = model.run(deadline, solver, warm=True, max_nodes=max_nodes)
+    order, status = model.run(deadline, solver, warm=True)
     if milp.failed(status):
         return Solution(list(warm_start), start_peak, status, model.size)
     if order is None or peak(problem, order) > start_peak:

@@ -9,8 +9,10 @@
    order from below: reaching it ends the search with a proof.
 3. The reference order is cut into a division tree (`divide.split`). Leaves whose steps reach
    the current peak are solved exactly, identical shapes once (`blocks.canonical`), in parallel
-   (`jobs` processes): exhaustive down-set search first, which proves narrow leaves optimal in
-   milliseconds, then the ILP warm-started from its best for leaves too wide to enumerate.
+   (`jobs` processes), by the down-set search (`ideals.py`, in C), which proves narrow leaves
+   optimal in milliseconds and improves wide ones within its budget of visited sets. (An ILP
+   warm-started from its best, run on leaves the search did not prove, improved none of them on
+   the corpus and the suite and took each leaf's full seconds: BENCHMARKS.md, "Defaults".)
    Stitching a leaf's order back changes only its own steps. When every leaf at the peak is
    optimal within its borders (or out of time), the next level of the tree merges neighbours in
    pairs, so nodes can cross the old cuts; this repeats up to the root, the bound, or the
@@ -22,16 +24,16 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from roam_cli.order import blocks, bounds, divide, ideals, ilp, rules, tails
+from roam_cli.order import blocks, bounds, divide, ideals, rules, tails
 from roam_cli.order.greedy import SCHEDULERS
 from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
-from roam_cli.solvers import milp
 
 LEAF_SIZE = 32
-# A leaf's work is budgeted in solver units, not seconds, so a run gives the same order every
-# time; the seconds only cap a leaf that would overrun the deadline.
-LEAF_STATES = 100_000  # down-sets the exhaustive search may visit (about 1.5 s)
-LEAF_ILP_NODES = 1_000  # branch-and-bound nodes the ILP may explore
+# A leaf's work is budgeted in visited down-sets, not seconds, so a run gives the same order every
+# time; the seconds only cap a leaf that would overrun the deadline (or the Python reference's
+# slower search, where the C extension did not build).
+LEAF_STATES = 250_000  # down-sets the exhaustive search may visit (about a second in C)
+LEAF_SEEN_BYTES = 256 * 2**20  # ... and at most this many bytes of them (a down-set of n nodes is n bits)
 LEAF_SECONDS = 10.0
 
 
@@ -41,7 +43,6 @@ class Leaf:
     problem: Problem
     warm: list[int]
     seconds: float
-    solver: str
 
 
 @dataclass
@@ -57,20 +58,14 @@ class Stats:
     shapes_solved: int = 0
     shapes_reused: int = 0
     proven_optimal: bool = False
-    leaf_solvers: dict = field(default_factory=lambda: {"search": 0, "ilp": 0})
-    solver_failures: dict = field(default_factory=dict)  # failure -> leaves that kept the search's order
 
 
-def solve_leaf(leaf: Leaf) -> tuple[list[int], bool, str, str | None]:
-    """(order, proven optimal, which solver settled it, the ILP solver's failure or None) for one
-    canonical leaf. A failed ILP leaves the search's order."""
-    deadline = time.perf_counter() + leaf.seconds
+def solve_leaf(leaf: Leaf) -> tuple[list[int], bool]:
+    """(order, proven optimal) for one canonical leaf."""
     bound = bounds.lower_bound(leaf.problem, leaf.warm)
-    found = ideals.solve(leaf.problem, leaf.warm, LEAF_STATES, deadline, bound)
-    if found.optimal or deadline - time.perf_counter() < 1:
-        return found.order, found.optimal, "search", None
-    sol = ilp.solve(leaf.problem, found.order, deadline, leaf.solver, bound, LEAF_ILP_NODES)
-    return sol.order, sol.optimal, "ilp", sol.status if milp.failed(sol.status) else None
+    states = min(LEAF_STATES, LEAF_SEEN_BYTES // (8 * (leaf.problem.n // 64 + 1)))
+    found = ideals.solve(leaf.problem, leaf.warm, states, time.perf_counter() + leaf.seconds, bound)
+    return found.order, found.optimal
 
 
 def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[int], int]:
@@ -92,7 +87,7 @@ def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[in
     return order_, moves
 
 
-def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1, solver: str = "cbc",
+def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1,
           progress=None, gap: float = 0.0) -> tuple[list[int], Stats]:
     """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`).
     The search stops at the deadline, or once the peak is within `gap` (a fraction) of the bound."""
@@ -120,7 +115,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, bound, start, deadline, solver, jobs, pool, stats, say, gap)
+        search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap)
         best = search.run()
     return red.expand(best), stats
 
@@ -129,9 +124,9 @@ class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
     def __init__(self, rp: Problem, bound: bounds.Bound, start: list[int], deadline: float,
-                 solver: str, jobs: int, pool, stats: Stats, say, gap: float = 0.0):
+                 jobs: int, pool, stats: Stats, say, gap: float = 0.0):
         self.rp, self.bound, self.current, self.deadline, self.gap = rp, bound, start, deadline, gap
-        self.solver, self.jobs, self.pool, self.stats, self.say = solver, jobs, pool, stats, say
+        self.jobs, self.pool, self.stats, self.say = jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
 
@@ -203,15 +198,12 @@ class Search:
         self.stats.shapes_reused += len(placed) - len(fresh)
         per_leaf = min(LEAF_SECONDS, max(1.0, self.deadline - time.perf_counter()))
         keys = list(fresh)
-        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf, self.solver) for k in keys]
+        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf) for k in keys]
         parallel = self.pool is not None and len(tasks) > 1
-        for done, (key, (local, optimal, how, failure)) in enumerate(
+        for done, (key, (local, optimal)) in enumerate(
                 zip(keys, self.pool.map(solve_leaf, tasks) if parallel else map(solve_leaf, tasks)), 1):
             self.cache[key] = (local, optimal)
             self.stats.shapes_solved += 1
-            self.stats.leaf_solvers[how] += 1
-            if failure:
-                self.stats.solver_failures[failure] = self.stats.solver_failures.get(failure, 0) + 1
             self.report(f"shape {done}/{len(tasks)}")
         for seg, numbering, key in placed:
             local, optimal = self.cache[key]

@@ -2,7 +2,7 @@
 (HiGHS's cut separation checks neither its time limit nor its interrupt callback for a minute
 on some ordering models). Run by `milp.solve_with_highs`, which reads SOLUTION back:
 
-    python -m roam_cli.solvers.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT MAX_NODES|-
+    python -m roam_cli.solvers.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT
 
 START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
 "feasible" on its first line and the column values after, or "none" when HiGHS stopped (time
@@ -13,15 +13,13 @@ import sys
 import highspy
 
 
-def main(model: str, start: str, solution: str, time_limit: str, max_nodes: str) -> None:
+def main(model: str, start: str, solution: str, time_limit: str) -> None:
     h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     h.readModel(model)
     for option, value in (("time_limit", float(time_limit)), ("threads", 1), ("mip_rel_gap", 0.0),
                           ("mip_abs_gap", 0.0), ("random_seed", 1)):
         h.setOptionValue(option, value)
-    if max_nodes != "-":
-        h.setOptionValue("mip_max_nodes", int(max_nodes))
     if start != "-":
         warm = highspy.HighsSolution()
         warm.col_value = [float(x) for x in open(start).read().split()]

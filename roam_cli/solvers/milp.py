@@ -39,18 +39,18 @@ def failed(status: str) -> bool:
     return status not in FOUND and status != NO_SOLUTION_IN_TIME
 
 
-def solve(lp: pulp.LpProblem, solver: str, deadline: float, warm: bool, max_nodes: int | None = None) -> str:
-    """Solve `lp` until `deadline` (time.perf_counter()) or `max_nodes` branch-and-bound nodes,
+def solve(lp: pulp.LpProblem, solver: str, deadline: float, warm: bool) -> str:
+    """Solve `lp` until `deadline` (time.perf_counter()),
     from the variables' initial values if `warm`. Returns "optimal" or "feasible" (the variables
     hold the solution), NO_SOLUTION_IN_TIME, or "<solver> failed: <why>"."""
     with tempfile.TemporaryDirectory(prefix="roam-milp-") as tmp:
         mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm", "model.sol"))
         if solver == "cbc":
-            return solve_with_cbc(lp, mps, start if warm else None, sol, deadline, max_nodes)
-        return solve_with_highs(lp, mps, start if warm else None, sol, deadline, max_nodes)
+            return solve_with_cbc(lp, mps, start if warm else None, sol, deadline)
+        return solve_with_highs(lp, mps, start if warm else None, sol, deadline)
 
 
-def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float, max_nodes: int | None) -> str:
+def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float) -> str:
     with warnings.catch_warnings():  # PuLP 3 says PULP_CBC_CMD goes in 4.0; it is the CBC PuLP ships
         warnings.simplefilter("ignore", DeprecationWarning)
         cbc = pulp.PULP_CBC_CMD(msg=False)
@@ -61,8 +61,6 @@ def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float, m
         args += ["-mips", start]
     if math.isfinite(deadline):
         args += ["-sec", str(max(1, math.floor(deadline - time.perf_counter()))), "-timeMode", "elapsed"]
-    if max_nodes is not None:
-        args += ["-maxNodes", str(max_nodes)]
     # no "-threads": even "-threads 1" starts CBC's parallel branch and bound, whose worker now
     # and then misses its wake-up and stalls for 10 s (or up to -sec); the default is serial
     args += ["-ratio", "0", "-allow", "0", "-randomSeed", "1", "-randomCbcSeed", "1",
@@ -82,7 +80,7 @@ def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float, m
     return "optimal" if sol_status == pulp.LpSolutionOptimal else "feasible"
 
 
-def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float, max_nodes: int | None) -> str:
+def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float) -> str:
     """HiGHS through `roam_cli.solvers.highs_run`, which writes "optimal" or "feasible" and the column
     values to `sol`, or "none" when it stopped without a solution."""
     variables, _, _, _ = lp.writeMPS(mps, rename=1)
@@ -90,8 +88,8 @@ def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float,
         with open(start, "w") as f:
             f.write("\n".join(repr(v.value() or 0) for v in variables))
     limit = max(1.0, deadline - time.perf_counter()) if math.isfinite(deadline) else "inf"
-    fault = run("highs", [sys.executable, "-m", "roam_cli.solvers.highs_run", mps, start or "-", sol, str(limit),
-                          str(max_nodes) if max_nodes is not None else "-"], deadline, sol)
+    fault = run("highs", [sys.executable, "-m", "roam_cli.solvers.highs_run", mps, start or "-", sol, str(limit)],
+                deadline, sol)
     if fault:
         return fault
     try:
