@@ -9,7 +9,8 @@
   to the end). In the flow network a node on the source side is in D; edge w -> u (infinite)
   for every predecessor u of w keeps D down-closed; per buffer, allocators -> y (infinite),
   y -> z (its bytes), z -> readers (infinite): the bytes are cut exactly when an allocator is
-  before or at v and a reader at or after it. Buffers nobody reads are left out (a bound may
+  before or at v and a reader at or after it (y is the allocator itself when there is one, z the
+  reader: most buffers are one edge). Buffers nobody reads are left out (a bound may
   undercount). Both bound the peak from below, so peak == bound proves an order optimal.
   `Bound` takes the step minimum where the most bytes are surely live and at each order's
   highest steps."""
@@ -106,36 +107,54 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
     after_v = np.zeros(n, dtype=bool)
     after_v[members(desc[v], n)] = True
     after_v[v] = True
-    free = np.flatnonzero(~before_v & ~after_v).tolist()
+    is_free = ~before_v & ~after_v
+    free = np.flatnonzero(is_free).tolist()
     index = {w: k for k, w in enumerate(free)}
     source, sink = len(free), len(free) + 1
-    constant = 0
+    # each buffer's side, settled by v's ancestors and descendants or left to the cut, for all
+    # buffers at once (a 70B-class step has 100,000 of them, and a training step's peak nodes
+    # need a dozen of these bounds)
+    t = problem.tables
+    settled_before = before_v.copy()
+    settled_before[v] = True
+
+    def any_of(has: np.ndarray, nodes: np.ndarray, starts: np.ndarray, mark: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(has), dtype=bool)
+        if len(nodes):
+            out[has] = np.logical_or.reduceat(mark[nodes], starts)
+        return out
+
+    allocated = ~t.has_alloc | any_of(t.has_alloc, t.alloc_nodes, t.alloc_starts, settled_before)
+    free_allocator = any_of(t.has_alloc, t.alloc_nodes, t.alloc_starts, is_free)
+    read = t.to_end | any_of(t.has_readers, t.reader_nodes, t.reader_starts, after_v)
+    free_reader = any_of(t.has_readers, t.reader_nodes, t.reader_starts, is_free)
+    counted = (t.has_readers | t.to_end) & (allocated | free_allocator) & (read | free_reader)
+    constant = int(t.sizes[counted & allocated & read].sum())
     cut = []  # (allocating vertices, bytes, reading vertices) of the buffers the cut decides
-    for buf in problem.buffers:
-        if not buf.readers and not buf.to_end:
-            continue
-        allocated = not buf.alloc or any(before_v[a] or a == v for a in buf.alloc)
-        allocators = [index[a] for a in buf.alloc if a in index]
-        read = buf.to_end or any(after_v[r] for r in buf.readers)
-        readers = [index[r] for r in buf.readers if r in index]
-        if (not allocated and not allocators) or (not read and not readers):
-            continue  # allocated after v's step, or freed before it, in every order
-        if allocated and read:
-            constant += buf.bytes
-        else:
-            cut.append(([source] if allocated else allocators, buf.bytes, [sink] if read else readers))
-    net = Network(len(free) + 2 + 2 * len(cut))
+    for b in np.flatnonzero(counted & ~(allocated & read)).tolist():
+        buf = problem.buffers[b]
+        cut.append(([source] if allocated[b] else [index[a] for a in buf.alloc if a in index], buf.bytes,
+                    [sink] if read[b] else [index[r] for r in buf.readers if r in index]))
+    # a buffer is an edge from its allocator to its reader; a vertex joins several of either
+    joins = sum((len(allocators) > 1) + (len(readers) > 1) for allocators, _, readers in cut)
+    net = Network(len(free) + 2 + joins)
     for w in free:
         for u in problem.preds[w]:
             if u in index:
                 net.add(index[w], index[u], INF)
-    for b, (allocators, size, readers) in enumerate(cut):
-        y, z = len(free) + 2 + 2 * b, len(free) + 3 + 2 * b
-        for a in allocators:
-            net.add(a, y, INF)
+    vertex = len(free) + 2
+    for allocators, size, readers in cut:
+        y = allocators[0]
+        if len(allocators) > 1:
+            y, vertex = vertex, vertex + 1
+            for a in allocators:
+                net.add(a, y, INF)
+        z = readers[0]
+        if len(readers) > 1:
+            z, vertex = vertex, vertex + 1
+            for r in readers:
+                net.add(z, r, INF)
         net.add(y, z, size)
-        for r in readers:
-            net.add(z, r, INF)
     flow = net.max_flow(source, sink)
     reached = net.reachable(source)
     return problem.base + constant + flow, [w for w in range(n) if before_v[w] or (w in index and reached[index[w]])]
