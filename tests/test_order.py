@@ -11,11 +11,11 @@ from conftest import SAMPLE, roam
 from onnx_builder import model, node, save
 from order_cases import random_graph
 
-from roam_cli import order
+from roam_cli import order, pipeline
 from roam_cli.core import memory
 from roam_cli.frontend.onnx_import import import_model
 from roam_cli.frontend.providers import TRAINING_OPS
-from roam_cli.order import bounds, roam as roam_mod, tails
+from roam_cli.order import bounds, ideals, roam as roam_mod, tails
 from roam_cli.order.greedy import dfs_schedule, list_schedule
 from roam_cli.order.ort import installed_training_build, ort_default
 from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak, reachability
@@ -173,3 +173,18 @@ def test_a_tail_runs_where_its_peak_fits():
     assert best == 101 == peak(problem, order_) and is_topological(problem, order_)
     # a gap that the reference's 151 is within (100 + 60 % of 100): nothing is scheduled
     assert tails.improve(problem, reference, desc, 100, 151, tail_descendants=1, gap=0.6) == (reference, 151)
+
+
+@pytest.mark.skipif(ideals._ideals is None, reason="the C extension did not build: the reference's leaves run into their clocks")
+def test_the_sample_full_step_is_proven_optimal_within_the_leaf_budgets(tmp_path):
+    # 724 nodes whose last 1 KiB above the bound (four alignment units) the exact search must close
+    # along a 324-node leaf: a budget of visited sets, not a clock, so the proof is the same every run
+    step = tmp_path / "step.onnx"
+    assert roam("make-training-graph", SAMPLE, "-o", step, "--in-graph-optimizer").code == 0
+    proven = pipeline.run(step, tmp_path / "proven.json", pipeline.Options(layout="roam", gap=0.0, time_limit=600)).plan
+    assert proven["stats"]["order"]["proven_optimal"]
+    assert proven["peak_live_bytes"] == proven["stats"]["order"]["lower_bound_bytes"] == 1_046_784
+    # the default --gap accepts the start's 1,047,808 B (0.098 % above the bound) without the search
+    default = pipeline.run(step, tmp_path / "default.json", pipeline.Options(layout="roam")).plan
+    assert default["stats"]["order"]["gap"] == 0.001
+    assert 1_046_784 <= default["peak_live_bytes"] <= 1_046_784 * 1.001
