@@ -418,3 +418,12 @@ def test_the_two_adamw_conventions_differ_where_eps_meets_the_bias_correction():
     torch_way = adamw_reference([0.0], [1e-3], [0.0], [0.0], 1.0, 1, AdamW(eps=1e-3, convention="pytorch"))[0]
     np.testing.assert_allclose(torch_way, [-0.5])
     np.testing.assert_allclose(ort_way, [-np.sqrt(1e-3) * 1e-4 / 0.1 / (np.sqrt(1e-3) * 1e-3 + 1e-3)])
+
+
+def test_ort_artifacts_cross_entropy_refuses_logits_with_a_sequence_axis():
+    # onnxblock would write a step that loads and fails when run: labels [B, S] against classes read
+    # at axis 1. Refused before onnxruntime-training is needed.
+    logits = model([node("MatMul", ["x", "w"], ["logits"])], [("x", [2, 3, 4])], [("logits", [2, 3, 5])],
+                   initializers={"w": np.ones((4, 5), np.float32)})
+    with pytest.raises(RoamError, match=r"needs logits \[N, classes\]; 'logits' has 3 axes"):
+        training_graph.build(logits, training_graph.survey(logits, requires_grad=["w"]), "cross-entropy", None)

@@ -288,9 +288,16 @@ def external_data_stand_ins(model: onnx.ModelProto):
 
 def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None) -> Artifacts:
     """Training, eval and optimizer graphs for `model` (repaired) as ONNX Runtime artifacts build them."""
-    onnxblock = training_api()
     if loss not in LOSSES:
         raise RoamError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    logits = model.graph.output[0]
+    if loss == "cross-entropy" and len(logits.type.tensor_type.shape.dim) > 2:
+        # onnxblock's CrossEntropyLoss gives the labels the logits' shape less its last axis, while
+        # SoftmaxCrossEntropyLoss reads the classes at axis 1: a step that loads and fails when run
+        raise RoamError(f"--backend ort-artifacts --loss cross-entropy needs logits [N, classes]; {logits.name!r} has "
+                        f"{len(logits.type.tensor_type.shape.dim)} axes: flatten them to [batch*sequence, vocab] in "
+                        f"the export, or use roam's backward (the default --backend), which does")
+    onnxblock = training_api()
     loss_block = onnxblock.blocks.PassThrough() if LOSSES[loss] is None else getattr(onnxblock.loss, LOSSES[loss])()
 
     class Training(onnxblock.TrainingBlock):
