@@ -115,7 +115,7 @@ def cli(ctx, quiet, verbose):
 @click.option("--order", "order_strategy", default=order.STRATEGIES[0], show_default=True,
               type=click.Choice(order.STRATEGIES), help="Ordering strategy; roam never does worse than the others.")
 @click.option("--solver", type=click.Choice(milp.SOLVERS), default="cbc", show_default=True,
-              help="MILP solver for the ordering and layout ILPs (highs needs the highspy package).")
+              help="MILP solver of --order ilp-global and the layout ILP (highs needs the highspy package).")
 @click.option("--layout", "layout_strategy", default=None, type=click.Choice(layout.STRATEGIES),
               help=f"Layout strategy [default: {layout.STRATEGIES[0]}].")
 @click.option("--shapes-from-run", is_flag=True, help="Run the graph once in ONNX Runtime to learn shapes static inference cannot.")
