@@ -17,7 +17,7 @@ takes only S, and never branches over the orders of an update chain that fits un
 single node that frees at least what it allocates is the smallest such block.
 
 The search for one limit runs in C (`_ideals.below`, the default engine): the same search, state
-for state, so a budget of visited sets gives the same order with either engine; `below()` here is
+for state, so a budget of visited sets gives the same order with either engine; `below_python` is
 its reference, which the tests compare it with and which runs where the extension did not build."""
 
 import time
