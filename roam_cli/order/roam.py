@@ -12,7 +12,7 @@
    (`jobs` processes), by the down-set search (`ideals.py`, in C), which proves narrow leaves
    optimal in milliseconds and improves wide ones within its budget of visited sets. (An ILP
    warm-started from its best, run on leaves the search did not prove, improved none of them on
-   the corpus and the suite and took each leaf's full seconds: BENCHMARKS.md, "Defaults".)
+   the corpus and the suite and took each leaf's full seconds: BENCHMARKS.md, issue 33.)
    Stitching a leaf's order back changes only its own steps. When every leaf at the peak is
    optimal within its borders (or out of time), the next level of the tree merges neighbours in
    pairs, so nodes can cross the old cuts; this repeats up to the root, the bound, or the
