@@ -620,13 +620,24 @@ def split_names(values: tuple[str, ...]) -> list[str]:
 @click.pass_obj
 def remat(obj, graph_path, schedule_in, out_path, budget, budget_fraction, time_limit, check, as_json):
     """Schedule a node-link graph (Checkmate's, Moccasin's) to fit a memory budget, a node
-    allowed to run again (a recomputation), at the least total compute.
+    allowed to run again (a recomputation), at the least total compute; or solve a POET problem
+    (poet-problem-v1: its RAM and runtime budgets in the file): per stage what to recompute, keep,
+    page out and page in, at the least energy (docs/poet.md).
 
     \b
     Examples:
       roam remat graph.json --budget-fraction 0.8 -o schedule.json
       roam remat --check graph.json schedule.json
+      roam remat vgg16.problem.json -o schedule.json --time-limit 300
+      roam remat --check vgg16.problem.json schedule.json
     """
+    from roam_cli.remat import poet
+
+    if poet.is_poet(graph_path):
+        if budget is not None or budget_fraction is not None:
+            raise RoamError("a POET problem carries its own RAM and runtime budgets: drop --budget/--budget-fraction")
+        remat_poet(obj, graph_path, schedule_in, out_path, time_limit, check, as_json)
+        return
     if check:
         from roam_cli.remat.check import check as check_schedule
 
@@ -659,6 +670,48 @@ def remat(obj, graph_path, schedule_in, out_path, budget, budget_fraction, time_
                   f"(+{doc['overhead_percent']:.3f} % over {doc['baseline_compute']}), {doc['status']}, "
                   f"{doc['seconds']:.1f} s", highlight=False, soft_wrap=True)
 
+
+def remat_poet(obj, problem_path: Path, schedule_in: Path | None, out_path: Path | None, time_limit: float,
+               check: bool, as_json: bool) -> None:
+    """`roam remat` on a POET problem: solve it, or check a schedule of it (--check)."""
+    from roam_cli.remat import poet, poet_check, poet_solve
+
+    if check:
+        if schedule_in is None or out_path is not None:
+            raise RoamError("--check takes PROBLEM.json SCHEDULE.json")
+        try:
+            verdict = poet_check.check(problem_path, schedule_in)
+        except ValueError as e:
+            raise RoamError(str(e)) from None
+        if as_json:
+            out.print(json.dumps(verdict), highlight=False, soft_wrap=True)
+        if not verdict["valid"]:
+            for line in verdict["violations"][:20]:
+                err.print(line, highlight=False, soft_wrap=True)
+            raise CheckFailed(f"invalid schedule: {len(verdict['violations'])} violation(s), "
+                              f"the first: {verdict['violations'][0]}")
+        if not obj["quiet"] and not as_json:
+            out.print(f"valid: energy {verdict['energy_joules']:.6g} J (compute {verdict['compute_joules']:.6g}, "
+                      f"paging {verdict['paging_joules']:.6g}), peak RAM {verdict['peak_ram_bytes']:g} bytes, "
+                      f"runtime {verdict['runtime']:.6g}", highlight=False, soft_wrap=True)
+        return
+    if schedule_in is not None or out_path is None:
+        raise RoamError("remat takes PROBLEM.json and -o SCHEDULE.json (a second file only with --check)")
+    check_output_path(out_path, [problem_path])
+    problem = poet.read(problem_path)
+    found = poet_solve.solve(problem, time_limit)
+    if isinstance(found, str):
+        raise CheckFailed(f"no schedule fits: {found}")
+    poet.write(out_path, found.schedule, problem.T)
+    summary = found.summary(problem)
+    if as_json:
+        out.print(json.dumps(summary), highlight=False, soft_wrap=True)
+    elif not obj["quiet"]:
+        out.print(f"wrote {out_path}: energy {summary['energy_joules']:.6g} J (compute "
+                  f"{summary['compute_joules']:.6g}, paging {summary['paging_joules']:.6g}), peak RAM "
+                  f"{summary['peak_ram_bytes']:g} of {problem.ram_budget:g} bytes, runtime {summary['runtime']:.6g} "
+                  f"of {problem.runtime_budget:.6g}, {summary['status']}, {summary['seconds']:.1f} s",
+                  highlight=False, soft_wrap=True)
 
 @cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
