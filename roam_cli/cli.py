@@ -13,7 +13,9 @@ from roam_cli import __version__, budget as budget_mod, layout, order, pair, pip
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
 from roam_cli.core.fileio import check_output_folder, check_output_path, make_folder, write_all_atomic, write_atomic
+from roam_cli.core.memory import SLOW_TIERS
 from roam_cli.core.units import format_bytes, parse_bytes
+from roam_cli.cost import profile as cost_profile
 from roam_cli.frontend import training_graph
 from roam_cli.outputs import report as report_mod
 from roam_cli.solvers import milp
@@ -132,6 +134,15 @@ def cli(ctx, quiet, verbose):
 @click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
               help="Recompute values in the backward instead of keeping them: free (cheap ops only, min-cut) "
                    "or budget (the fewest FLOPs that fit --budget).")
+@click.option("--offload", type=click.Choice(SLOW_TIERS), default=None,
+              help="Plan with a slower memory tier: host memory or storage paged to. Values, optimizer state and "
+                   "the update may leave the device; --budget then counts the device's bytes, and the plan is the "
+                   "fitting one of the least estimated time on --device.")
+@click.option("--device", "device_profile", default=None, metavar="PROFILE",
+              help=f"Device profile of --offload's estimates: a shipped name ({', '.join(cost_profile.shipped())}) "
+                   f"or a JSON file [default: {cost_profile.DEFAULT}].")
+@click.option("--objective", type=click.Choice(["time", "energy"]), default="time", show_default=True,
+              help="What --offload minimises among the plans that fit: estimated step time, or energy.")
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Also draw the plan's pictures (PNG and SVG) into this directory, made if missing "
                    "(needs matplotlib: the plot extra).")
@@ -149,8 +160,8 @@ def cli(ctx, quiet, verbose):
                    "and place it in the arena like a tensor (roam train then holds the plan's arena).")
 @click.pass_obj
 def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_strategy, solver, layout_strategy,
-             shapes_from_run, inplace, loss, time_limit, gap, jobs, budget, recompute_mode, plot_dir, as_json, reproducible,
-             ort_optimized, provider, workspace_mode):
+             shapes_from_run, inplace, loss, time_limit, gap, jobs, budget, recompute_mode, offload, device_profile,
+             objective, plot_dir, as_json, reproducible, ort_optimized, provider, workspace_mode):
     """Plan MODEL: choose the order and the arena layout, write the plan.
 
     \b
@@ -162,12 +173,20 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
       roam optimize full_step.onnx -o plan.json --recompute free
       roam optimize full_step.onnx -o plan.json --recompute budget --budget 6GiB
       roam optimize full_step.onnx -o plan.json --workspace calibrate
+      roam optimize full_step.onnx -o plan.json --offload host --budget 1GiB --device pcie-gen5-gpu
     """
     check_output_path(plan_path, [model])
     if provider is not None and ort_optimized is None:
         raise RoamError("--provider chooses whose optimisations --ort-optimized applies: give --ort-optimized too")
     if recompute_mode == "budget" and budget is None:
         raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
+    if offload is None and (device_profile is not None or objective != "time"):
+        raise RoamError("--device and --objective weigh the plans of --offload: give --offload host|storage too")
+    if offload is not None and (recompute_mode != "off" or ort_optimized is not None):
+        raise RoamError("--offload weighs recomputation itself (its candidates include recompute only); "
+                        "leave out --recompute and --ort-optimized")
+    if device_profile is not None:
+        cost_profile.load(device_profile)  # a bad profile is refused before any work is done
     milp.check_solver(solver)
     if plot_dir is not None:
         from roam_cli.outputs import plot
@@ -183,7 +202,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,
         inplace=parse_pairs(inplace, "--inplace", False), loss=loss, time_limit=time_limit, gap=gap, jobs=jobs,
         solver=solver, reproducible=reproducible, ort_optimized=ort_optimized, provider=provider or "cpu",
-        recompute=recompute_mode, budget=budget)
+        recompute=recompute_mode, budget=budget, offload=offload, device=device_profile, objective=objective)
     if workspace_mode == "calibrate":
         from roam_cli.runtime.calibrate import node_workspace
 
@@ -224,6 +243,9 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
             out.print(report_mod.ort_line(effect), highlight=False)
         if "recompute" in plan:
             out.print(report_mod.recompute_line(report_mod.recompute_effect(plan)), highlight=False)
+        if "offload" in plan:
+            for line in report_mod.offload_lines(plan):
+                out.print(line, highlight=False)
         for picture in pictures:
             out.print(f"wrote {picture}", highlight=False)
         if verdict is not None and verdict["fits"]:

@@ -43,6 +43,9 @@ class Options:
     recompute: str = "off"  # off | free | budget (recompute.MODES)
     budget: int | None = None  # bytes the plan must fit (persistent + arena) with recompute "budget"
     workspace: dict[str, list[int]] = field(default_factory=dict)  # node -> its kernels' scratch bytes (calibrate)
+    offload: str | None = None  # the slower tier to plan with (roam_cli.tiered): host | storage
+    device: str | None = None  # the device profile of the estimates (roam_cli.cost.profile; None: its default)
+    objective: str = "time"  # what the tiered planner minimises: time | energy
 
 
 @dataclass
@@ -131,6 +134,10 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
     t = time.perf_counter()
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
     seconds = {"import": imported_seconds, "memory_model": time.perf_counter() - t}
+    if options.offload is not None:
+        from roam_cli import tiered  # it plans its candidates with plan_model
+
+        return tiered.plan(imported, mm, model_path, plan_path, options, seconds, say)
     if options.recompute == "off":
         return plan_model(imported, mm, model_path, plan_path, options, seconds, say)
     return plan_recomputed(imported, mm, model_path, plan_path, options, seconds, say)
@@ -301,18 +308,27 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     say(f"placing {len(mm.storages)} tensors ({options.layout})")
     layout_limit = max(options.time_limit - seconds["order"], 0.0) if options.time_limit is not None else None
     scratch = workspace_buffers(imported.graph, chosen_order, options.workspace)
-    placed = layout.place(layout_buffers(mm, chosen_order) + [(s, s + 1, b) for _, s, b in scratch], options.layout,
+    buffers = layout_buffers(mm, chosen_order)
+    device = mm.on(memory.DEVICE)
+    placed = layout.place([buffers[k] for k in device] + [(s, s + 1, b) for _, s, b in scratch], options.layout,
                           time_limit=layout_limit, jobs=options.jobs, solver=options.solver,
                           gap=options.gap * LAYOUT_SHARE_OF_GAP)
-    offsets = placed.offsets[:len(mm.storages)]
+    offsets = [0] * len(mm.storages)
+    for k, o in zip(device, placed.offsets):
+        offsets[k] = o
+    if mm.tiers is not None:  # the slow tier's arena: its own offsets, first fit (it is the larger memory)
+        slow = mm.on(mm.tiers.slow)
+        for k, o in zip(slow, layout.place([buffers[k] for k in slow], "first-fit").offsets):
+            offsets[k] = o
     workspace = [{"node": node, "step": s, "bytes": b, "offset": o}
-                 for (node, s, b), o in zip(scratch, placed.offsets[len(mm.storages):])]
+                 for (node, s, b), o in zip(scratch, placed.offsets[len(device):])]
     seconds["layout"] = time.perf_counter() - t
 
     # What eager PyTorch would need, for the report to compare with: the original order through
     # PyTorch's caching allocator (a replay, milliseconds even on GPT-2 small).
     t = time.perf_counter()
-    eager = layout.place(layout_buffers(mm, measured["original"]["order"]), "pytorch")
+    eager_buffers = layout_buffers(mm, measured["original"]["order"])
+    eager = layout.place([eager_buffers[k] for k in device], "pytorch")
     pytorch_like = {"order": "original", "layout": "pytorch",
                     "peak_live_bytes": measured["original"]["peak_live_bytes"], "arena_bytes": eager.arena,
                     "seconds": time.perf_counter() - t}
@@ -357,7 +373,7 @@ def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[
     of the pair and, as `model`, the one whose graph it orders."""
     plan = result.plan
     ort_graph = "ort_optimized" in plan
-    changed = result.imported.renamed or ort_graph or "recompute" in plan
+    changed = result.imported.renamed or ort_graph or "recompute" in plan or "tiers" in plan
     if annotated_path is None and changed:
         annotated_path = default_annotated_path(plan_path)
         check_output_path(annotated_path, [result.source, plan_path])
@@ -371,8 +387,8 @@ def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[
         plan["annotated_model"] = plan_io.file_ref(annotated_path, hashlib.sha256(data).hexdigest(), plan_path)
         if changed:
             plan["model"] = dict(plan["annotated_model"])
-            what = ("ONNX Runtime's optimised graph" if ort_graph else "the recomputing copies" if "recompute" in plan
-                    else "the generated node names")
+            what = ("ONNX Runtime's optimised graph" if ort_graph else "the transfers between tiers" if "tiers" in plan
+                    else "the recomputing copies" if "recompute" in plan else "the generated node names")
             result.notes.append(f"the plan refers to {annotated_path}, which carries {what}")
         if result.weights is not None:
             target = annotated_path.with_name(result.weights.name)

@@ -6,6 +6,12 @@ runs, freed after the last node reading any name that shares it. Views share the
 storage; in-place updates write into the storage of the state they replace. Sizes are exact and
 rounded up to the alignment.
 
+Tiers (DESIGN.md, "Memory tiers"): a model roam rewrote to offload (roam_cli.offload) says in its
+metadata (TIERS_KEY) which nodes are transfers, which run on the host, and which persistent
+tensors live there. A transient storage lives in the tier of the node that allocates it: a
+transfer to the host, or a node run by the host, allocates in the slow tier; every other node on
+the device. Orders count the device's bytes only; each tier gets its own arena.
+
 `build()` reads the graph once and returns a `MemoryModel` of plain values that orderings and
 layouts consume; `lifetimes()` turns an order into each storage's [first, last] step."""
 
@@ -47,10 +53,17 @@ INPLACE_KEY = "roam.inplace"
 
 PERSISTENT_KINDS = ("parameter", "optimizer_state", "gradient_buffer", "constant", "data_input")
 TRANSIENT_KINDS = ("activation", "gradient", "update_temp")
-NODE_CLASSES = ("forward", "backward", "accumulate", "update", "recompute")
+NODE_CLASSES = ("forward", "backward", "accumulate", "update", "recompute", "transfer")
 # metadata_props key of a model with nodes roam added to recompute values after the forward:
 # {"copy node": "original node"} (roam_cli.recompute)
 RECOMPUTE_KEY = "roam.recompute"
+# metadata_props key of a model roam rewrote to offload (roam_cli.offload): {"tier": "host" |
+# "storage", "transfers": {node: "to_host" | "to_device"}, "host_nodes": [node], "homes": [persistent
+# tensor]}: the slow tier's name, the copies between tiers, the nodes the host runs, and the
+# persistent tensors kept in the slow tier
+TIERS_KEY = "roam.tiers"
+DEVICE = "device"
+SLOW_TIERS = ("host", "storage")
 
 
 @dataclass(frozen=True)
@@ -63,6 +76,7 @@ class Storage:
     producer: int  # node index that allocates it
     readers: tuple[int, ...]  # nodes reading any name that shares this storage
     to_end: bool  # holds a graph output: lives until the last step
+    tier: str = DEVICE  # "device", or the slow tier ("host" | "storage")
 
 
 @dataclass
@@ -79,10 +93,37 @@ class MemoryModel:
     extra_deps: list[tuple[int, int]]  # (a, b): node a must run before node b (in-place safety)
     preds: list[tuple[int, ...]]  # per node: nodes that must run before it (data + in-place)
     notes: list[str]
+    tiers: "Tiers | None" = None  # None: one memory, the device's
 
     @property
     def persistent_bytes(self) -> int:
-        return sum(self.tensor_bytes[name] for name in self.persistent)
+        """The persistent bytes on the device (what --budget counts besides the arena)."""
+        homes = self.tiers.homes if self.tiers else frozenset()
+        return sum(self.tensor_bytes[name] for name in self.persistent if name not in homes)
+
+    @property
+    def slow_persistent_bytes(self) -> int:
+        return sum(self.tensor_bytes[name] for name in self.tiers.homes) if self.tiers else 0
+
+    def on(self, tier: str) -> list[int]:
+        """Indices (in storages) of the transient storages in `tier`."""
+        return [k for k, s in enumerate(self.storages) if s.tier == tier]
+
+
+@dataclass(frozen=True)
+class Tiers:
+    """What a model's TIERS_KEY says, resolved to node indices."""
+
+    slow: str  # "host" | "storage"
+    transfers: dict[int, str]  # node -> "to_host" | "to_device"
+    host_nodes: frozenset[int]  # nodes run by the host (besides transfers)
+    homes: frozenset[str]  # persistent tensors kept in the slow tier
+
+    def node_tier(self, i: int) -> str:
+        """Where node i's outputs are allocated."""
+        if i in self.transfers:
+            return self.slow if self.transfers[i] == "to_host" else DEVICE
+        return self.slow if i in self.host_nodes else DEVICE
 
 
 def aligned(nbytes: int, alignment: int) -> int:
@@ -196,6 +237,10 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     # --- node classes -------------------------------------------------------------------------
     accumulating = {i for i, targets in writes_into.items() if any(root(t) in grad_buffers for t in targets)}
     node_class = classify_nodes(graph, set(writes_into), loss, accumulating)
+    tiers = read_tiers(graph, persistent)
+    if tiers is not None:
+        for i in tiers.transfers:
+            node_class[i] = "transfer"
 
     # --- storages and tensor kinds ----------------------------------------------------------
     kind: dict[str, str] = dict(persistent)
@@ -210,7 +255,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         if r in graph.producer and not users - {graph.producer[r]}:
             to_end.add(r)
     transient_kind = {"forward": "activation", "backward": "gradient", "update": "update_temp",
-                      "accumulate": "gradient", "recompute": "activation"}
+                      "accumulate": "gradient", "recompute": "activation", "transfer": "transfer"}
     storages = []
     for i, n in enumerate(nodes):
         for out in n.outputs:
@@ -221,7 +266,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
                 continue
             kind[out] = transient_kind[node_class[i]]
             storages.append(Storage(out, tensor_bytes[out], kind[out], i, tuple(sorted(readers[out] - {i})),
-                                    out in to_end))
+                                    out in to_end, tiers.node_tier(i) if tiers else DEVICE))
     for name in storage_of:
         kind.setdefault(name, alias[name])
 
@@ -247,7 +292,32 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     check_acyclic(graph, preds)
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
                        alias, persistent, storages, node_class, extra_deps,
-                       [tuple(sorted(p)) for p in preds], notes)
+                       [tuple(sorted(p)) for p in preds], notes, tiers)
+
+
+def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
+    """The model's TIERS_KEY, checked against the graph; None when it has none."""
+    if TIERS_KEY not in graph.metadata:
+        return None
+    index = graph.node_index()
+    try:
+        meta = json.loads(graph.metadata[TIERS_KEY])
+        slow, transfers = meta["tier"], meta["transfers"]
+        host_nodes, homes = meta.get("host_nodes", []), meta.get("homes", [])
+        assert slow in SLOW_TIERS and isinstance(transfers, dict)
+        assert all(d in ("to_host", "to_device") for d in transfers.values())
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise RoamError(f"model metadata {TIERS_KEY!r} is not roam's record of tiers "
+                        "({tier, transfers: {node: to_host|to_device}, host_nodes, homes})") from None
+    unknown = next((n for n in [*transfers, *host_nodes] if n not in index), None)
+    if unknown is not None:
+        raise RoamError(f"model metadata {TIERS_KEY!r} names node {unknown!r}, which the model does not have")
+    stray = next((t for t in homes if t not in persistent), None)
+    if stray is not None:
+        raise RoamError(f"model metadata {TIERS_KEY!r} keeps {stray!r} in the {slow} tier, "
+                        "but it is not a persistent tensor of the model")
+    return Tiers(slow, {index[n]: d for n, d in transfers.items()}, frozenset(index[n] for n in host_nodes),
+                 frozenset(homes))
 
 
 def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str, str]:
@@ -396,10 +466,12 @@ def lifetimes(mm: MemoryModel, order: list[int]) -> list[tuple[int, int]]:
     return out
 
 
-def peak_live(mm: MemoryModel, spans: list[tuple[int, int]]) -> tuple[int, int]:
-    """(peak transient bytes, first step where it occurs) for storage spans from `lifetimes`."""
+def peak_live(mm: MemoryModel, spans: list[tuple[int, int]], tier: str = DEVICE) -> tuple[int, int]:
+    """(peak transient bytes in `tier`, first step where it occurs) for storage spans from `lifetimes`."""
     delta = [0] * (mm.num_nodes + 1)
     for s, (first, last) in zip(mm.storages, spans):
+        if s.tier != tier:
+            continue
         delta[first] += s.bytes
         delta[last + 1] -= s.bytes
     live = peak = peak_step = 0

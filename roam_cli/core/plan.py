@@ -12,7 +12,7 @@ from roam_cli import __version__
 from roam_cli.core.errors import RoamError
 from roam_cli.core.fileio import write_atomic
 from roam_cli.core.graph import Graph
-from roam_cli.core.memory import MemoryModel, lifetimes, peak_live
+from roam_cli.core.memory import DEVICE, MemoryModel, lifetimes, peak_live
 
 FORMAT, VERSION = "roam-plan", 1
 # Keys under which stats hold wall-clock figures (times, and budgets derived from elapsed time).
@@ -44,26 +44,36 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
             return first, end
         return first, max([first] + [pos[c] for c in graph.consumers.get(name, ())])
 
+    tiers = mm.tiers
     tensors = []
     for name, kind in mm.persistent.items():
         tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
-                        "first_step": 0, "last_step": end, "kind": kind})
+                        "first_step": 0, "last_step": end, "kind": kind}
+                       | ({"tier": tiers.slow} if tiers and name in tiers.homes else {}))
     produced = sorted(((pos[i], k, out) for i, node in enumerate(graph.nodes)
                        for k, out in enumerate(node.outputs) if out not in mm.persistent))
     for _, _, name in produced:
         if name in storage_index:
             k = storage_index[name]
             first, last = spans[k]
+            tier = mm.storages[k].tier
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": offsets[k],
-                            "first_step": first, "last_step": last, "kind": mm.kind[name]})
+                            "first_step": first, "last_step": last, "kind": mm.kind[name]}
+                           | ({"tier": tier} if tier != DEVICE else {}))
         else:
             first, last = own_span(name)
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
                             "first_step": first, "last_step": last, "kind": mm.kind[name],
                             "alias_of": mm.storage_of[name]})
-    arena = max([o + s.bytes for o, s in zip(offsets, mm.storages)] + [w["offset"] + w["bytes"] for w in workspace],
-                default=0)
+    arena = max([o + s.bytes for o, s in zip(offsets, mm.storages) if s.tier == DEVICE]
+                + [w["offset"] + w["bytes"] for w in workspace], default=0)
     peak, peak_step = peak_live(mm, spans)
+    slow = {} if tiers is None else {"tiers": {
+        "slow": tiers.slow,
+        "arena_bytes": max([o + s.bytes for o, s in zip(offsets, mm.storages) if s.tier == tiers.slow], default=0),
+        "persistent_bytes": mm.slow_persistent_bytes,
+        "peak_live_bytes": peak_live(mm, spans, tiers.slow)[0],
+        "host_nodes": sorted(graph.nodes[i].name for i in tiers.host_nodes)}}
     return {
         "format": FORMAT,
         "version": VERSION,
@@ -78,11 +88,12 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
         "peak_live_bytes": peak,
         "peak_step": peak_step,
         "stats": stats,
-    } | ({"workspace": list(workspace)} if workspace else {})
+    } | ({"workspace": list(workspace)} if workspace else {}) | slow
 
 
 def needed_bytes(plan: dict) -> int:
-    """What a runtime following the plan allocates: its persistent bytes plus its arena."""
+    """What a runtime following the plan allocates on the device: its persistent bytes there plus
+    its arena (a slower tier's bytes are the plan's `tiers`)."""
     return plan["persistent_bytes"] + plan["arena_bytes"]
 
 

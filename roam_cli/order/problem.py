@@ -17,7 +17,7 @@ from functools import cached_property
 import numpy as np
 
 from roam_cli.core.graph import smallest_first_order
-from roam_cli.core.memory import MemoryModel
+from roam_cli.core.memory import DEVICE, MemoryModel
 
 
 @dataclass(frozen=True)
@@ -98,7 +98,10 @@ class Tables:
 
 
 def from_memory_model(mm: MemoryModel) -> Problem:
-    buffers = tuple(Buffer(s.bytes, (s.producer,), s.readers, s.to_end) for s in mm.storages if s.bytes)
+    # the device's bytes: a slower tier's storages are laid out in their own arena, and the order
+    # minimises what the device holds
+    buffers = tuple(Buffer(s.bytes, (s.producer,), s.readers, s.to_end) for s in mm.storages
+                    if s.bytes and s.tier == DEVICE)
     return Problem(tuple(mm.preds), buffers)
 
 

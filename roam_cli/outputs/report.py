@@ -128,7 +128,7 @@ def persistent_by_kind(plan: dict) -> dict[str, int]:
     """Persistent bytes per class, largest first."""
     by_kind: dict[str, int] = {}
     for t in plan["tensors"]:
-        if t["offset"] is None and "alias_of" not in t:
+        if t["offset"] is None and "alias_of" not in t and "tier" not in t:  # the device's
             by_kind[t["kind"]] = by_kind.get(t["kind"], 0) + t["bytes"]
     return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
@@ -143,7 +143,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     at_peak_by_kind: dict[str, int] = {}
     at_peak = []
     for t in tensors:
-        if t["offset"] is None:  # persistent, or an alias sharing another tensor's storage
+        if t["offset"] is None or "tier" in t:  # persistent, an alias sharing another tensor's storage, or off the device
             continue
         transient_by_kind[t["kind"]] = transient_by_kind.get(t["kind"], 0) + t["bytes"]
         if t["first_step"] <= peak_step <= t["last_step"]:
@@ -186,6 +186,8 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         summary["lowering"] = plan["stats"]["lowering"]
     if "recompute" in plan:
         summary["recompute"] = recompute_effect(plan)
+    if "offload" in plan:
+        summary["offload"] = offload_effect(plan)
     if budget is not None:
         summary["budget"] = budget
     return summary
@@ -260,6 +262,66 @@ def ort_line(effect: dict) -> str:
 def lowering_line(lowering: dict) -> str:
     """The fused graph's plan against this one, of its lowering to standard ONNX (`roam lower`)."""
     return f"lowered from {lowering['fused_model']['path']}: " + change_line(lowering["fused"], lowering["lowered"])
+
+
+POLICY_NAMES = {"keep": "keep everything on the device", "save_on_cpu": "save_on_cpu (every saved activation offloaded)",
+                "zero_offload": "ZeRO-Offload (optimizer state and update on the host)",
+                "all_on_host": "every persistent byte on the host (streamed)", "recompute_only": "recompute only",
+                "planned": "planned: activations offloaded", "planned+zero_offload": "planned: ZeRO-Offload + activations",
+                "planned+all_on_host": "planned: all persistent on the host + activations"}
+OFFLOAD_COLUMNS = ("candidate", "device bytes", "slow tier bytes", "transfers", "est. step time", "est. energy", "fits")
+
+
+def offload_effect(plan: dict) -> dict:
+    """The tiers of an --offload plan: the placement chosen, the device's and the slow tier's bytes,
+    the transfers, the estimated step against keeping everything, and every candidate weighed."""
+    o, tiers = plan["offload"], plan["tiers"]
+    keep = next((c for c in o["candidates"] if c["policy"] == "keep"), None)
+    moved = {d: sum(t["bytes"] for t in o["transfers"] if t["direction"] == d) for d in ("to_host", "to_device")}
+    return {"policy": o["policy"], "profile": o["profile"], "objective": o["objective"], "slow_tier": tiers["slow"],
+            "device_bytes": plan["persistent_bytes"] + plan["arena_bytes"],
+            "slow_bytes": tiers["persistent_bytes"] + tiers["arena_bytes"], "slow_arena_bytes": tiers["arena_bytes"],
+            "slow_persistent_bytes": tiers["persistent_bytes"], "host_nodes": len(tiers.get("host_nodes", ())),
+            "transfers": len(o["transfers"]), "bytes_moved": moved, "estimate": o["estimate"],
+            "keep_estimate": keep["estimate"] if keep else None, "candidates": o["candidates"]}
+
+
+def offload_lines(plan: dict) -> list[str]:
+    return offload_lines_of(offload_effect(plan))
+
+
+def offload_lines_of(e: dict) -> list[str]:
+    """What the tiered plan holds where and what it costs (summary's offload), in lines."""
+    est = e["estimate"]
+    lines = [f"offload ({POLICY_NAMES.get(e['policy'], e['policy'])}): device {format_bytes(e['device_bytes'])}, "
+             f"{e['slow_tier']} {format_bytes(e['slow_bytes'])} (persistent {format_bytes(e['slow_persistent_bytes'])} + "
+             f"arena {format_bytes(e['slow_arena_bytes'])}); {e['transfers']:,} transfers moving "
+             f"{format_bytes(e['bytes_moved']['to_host'])} out and {format_bytes(e['bytes_moved']['to_device'])} back"
+             + (f"; {e['host_nodes']:,} nodes run by the host" if e["host_nodes"] else "")]
+    text = f"estimated step on {e['profile']}: {format_seconds(est['seconds'])}"
+    if est.get("energy_joules") is not None:
+        text += f", {est['energy_joules']:.4g} J"
+    keep = e["keep_estimate"]
+    if keep is not None and keep["seconds"]:
+        text += (f" (keeping everything on the device: {format_seconds(keep['seconds'])}, "
+                 f"{est['seconds'] / keep['seconds'] - 1:+.1%})")
+    lines.append(text + " — an estimate from the profile's figures, not a measurement")
+    return lines
+
+
+def offload_rows(e: dict) -> list[tuple[str, ...]]:
+    rows = []
+    for c in e["candidates"]:
+        est = c["estimate"]
+        rows.append((POLICY_NAMES.get(c["policy"], c["policy"]), format_bytes(c["device_bytes"]),
+                     format_bytes(c["slow_bytes"]), f"{c['transfers']:,}", format_seconds(est["seconds"]),
+                     "—" if est.get("energy_joules") is None else f"{est['energy_joules']:.4g} J",
+                     "yes" if c["fits"] else "no"))
+    return rows
+
+
+def format_seconds(x: float) -> str:
+    return f"{x * 1e3:,.3g} ms" if x < 1 else f"{x:,.3g} s"
 
 
 def recompute_effect(plan: dict) -> dict:
@@ -389,6 +451,16 @@ def render_table(s: dict, console: Console) -> None:
         for row in recompute_rows(s["recompute"]):
             per_class.add_row(*row)
         console.print(per_class)
+    if "offload" in s:
+        for line in offload_lines_of(s["offload"]):
+            console.print(line, highlight=False)
+        weighed = Table(title="plans weighed (device bytes: persistent on the device + arena)", title_justify="left",
+                        box=box.SIMPLE_HEAD)
+        for col in OFFLOAD_COLUMNS:
+            weighed.add_column(col, justify="left" if col == "candidate" else "right")
+        for row in offload_rows(s["offload"]):
+            weighed.add_row(*row)
+        console.print(weighed)
     if "budget" in s:
         style = "green" if s["budget"]["fits"] else "bold red"
         console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
@@ -442,6 +514,9 @@ def render_markdown(s: dict) -> str:
     if "recompute" in s:
         parts += ["", recompute_line(s["recompute"]), "",
                   markdown_table(RECOMPUTE_COLUMNS, recompute_rows(s["recompute"]), {1, 2, 3, 4})]
+    if "offload" in s:
+        parts += ["", *offload_lines_of(s["offload"]), "",
+                  markdown_table(OFFLOAD_COLUMNS, offload_rows(s["offload"]), {1, 2, 3, 4, 5})]
     if "budget" in s:
         parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
     parts += [f"\n⚠️ {FALLBACK_NOTE}{line}" for line in s["fallbacks"]]
