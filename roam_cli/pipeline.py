@@ -16,6 +16,7 @@ from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
 from roam_cli.frontend.onnx_import import Imported, external_data_files, import_model, load_model
 from roam_cli.lower import LOWERED_FROM_KEY
+from roam_cli.offload import planner
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -43,7 +44,7 @@ class Options:
     recompute: str = "off"  # off | free | budget (recompute.MODES)
     budget: int | None = None  # bytes the plan must fit (persistent + arena) with recompute "budget"
     workspace: dict[str, list[int]] = field(default_factory=dict)  # node -> its kernels' scratch bytes (calibrate)
-    offload: str | None = None  # the slower tier to plan with (roam_cli.tiered): host | storage
+    offload: str | None = None  # the slower tier to plan with (roam_cli.offload.planner): host | storage
     device: str | None = None  # the device profile of the estimates (roam_cli.cost.profile; None: its default)
     objective: str = "time"  # what the tiered planner minimises: time | energy
 
@@ -135,9 +136,8 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
     seconds = {"import": imported_seconds, "memory_model": time.perf_counter() - t}
     if options.offload is not None:
-        from roam_cli import tiered  # it plans its candidates with plan_model
-
-        return tiered.plan(imported, mm, model_path, plan_path, options, seconds, say)
+        return planner.plan(imported, mm, options, lambda i, m, o: plan_model(i, m, model_path, plan_path, o,
+                                                                              dict(seconds), lambda _m: None), say)
     if options.recompute == "off":
         return plan_model(imported, mm, model_path, plan_path, options, seconds, say)
     return plan_recomputed(imported, mm, model_path, plan_path, options, seconds, say)

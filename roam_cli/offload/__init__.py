@@ -1,65 +1,9 @@
 """Memory tiers: which bytes leave the device for a slower tier (host memory, or storage paged to),
 and what the host runs (`roam optimize --offload host|storage`).
 
-A `Placement` says it in plain values: the forward values offloaded until the backward, the
-persistent tensors kept in the slow tier, the nodes the host runs. The policies below make the
-ones users know (save_on_cpu, ZeRO-Offload, every persistent byte on the host); the planner
-(roam_cli.tiered) grows them until a plan fits. `rewrite` adds the transfers to the graph, which
-roam then orders and lays out like any other; `timing` turns the planned order into the steps a
-device profile's cost model estimates."""
-
-from roam_cli.core.graph import Graph
-from roam_cli.core.memory import MemoryModel
-from roam_cli.offload.rewrite import Placement
-from roam_cli.recompute import problem as recompute_problem
-
-HOST_CLASSES = ("update", "accumulate")  # the optimizer's nodes, which ZeRO-Offload runs on the host
-
-
-def offloadable(graph: Graph, mm: MemoryModel) -> dict[str, int]:
-    """Forward values a transfer can take from the device until the backward, with their bytes:
-    each read after the forward, owning its storage (a view's base goes, not the view), not held
-    to the end of the step, and with no view of it read after the forward (that view would keep
-    the device's copy)."""
-    p = recompute_problem.build(graph, mm, "free")
-    viewed = {p.base[v] for v in p.needed if p.base.get(v, v) != v}
-    return {v: p.cost[v] for v in sorted(p.needed)
-            if p.base.get(v) == v and p.cost.get(v) and v not in viewed}
-
-
-def save_on_cpu(graph: Graph, mm: MemoryModel, slow: str) -> Placement:
-    """PyTorch's torch.autograd.graph.save_on_cpu: every saved activation in the slow tier."""
-    return Placement(slow, offloaded=frozenset(offloadable(graph, mm)))
-
-
-def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool) -> Placement:
-    """The optimizer's nodes run by the host, with the state they update kept there (DeepSpeed's
-    ZeRO-Offload: the device fetches each parameter once and holds it the step). `everything`: every
-    persistent byte in the slow tier, the parameters fetched for the forward and again for the
-    backward (ZeRO-Infinity's streaming)."""
-    host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
-    if everything:
-        homes = {r for r in mm.persistent if mm.tensor_bytes[r]}
-    else:
-        readers: dict[str, set[int]] = {}
-        for i, n in enumerate(graph.nodes):
-            for x in n.inputs:
-                readers.setdefault(mm.storage_of[x], set()).add(i)
-        written = {mm.storage_of[o] for i in host for o in graph.nodes[i].outputs}
-        homes = {r for r in mm.persistent if mm.tensor_bytes[r]
-                 and (r in written or (readers.get(r) and readers[r] <= host))}
-    return Placement(slow, homes=frozenset(homes & set(mm.persistent)), host_nodes=host, fetch_per_phase=everything)
-
-
-def working_set(graph: Graph, mm: MemoryModel) -> tuple[int, str]:
-    """The most bytes one node of the device holds at once (its inputs' and outputs' storages, each
-    counted once) and that node: no placement puts less on the device while it runs. The host's
-    nodes (HOST_CLASSES) are left out: a placement may run them there."""
-    best, name = 0, ""
-    for i, n in enumerate(graph.nodes):
-        if mm.node_class[i] in HOST_CLASSES:
-            continue
-        held = sum(mm.tensor_bytes[r] for r in {mm.storage_of[x] for x in (*n.inputs, *n.outputs)})
-        if held > best:
-            best, name = held, n.name
-    return best, name
+A `Placement` (rewrite) says it in plain values: the forward values offloaded until the backward,
+the persistent tensors kept in the slow tier, the nodes the host runs. `policies` makes the ones
+users know (save_on_cpu, ZeRO-Offload, every persistent byte on the host); `rewrite` adds the
+transfers to the graph, which roam then orders and lays out like any other; `timing` turns a
+planned order into the steps a device profile's cost model estimates; `planner` weighs the
+candidates, growing them until one fits the budget."""

@@ -1,6 +1,7 @@
 """Plans with a slower memory tier (`roam optimize --offload host|storage [--budget B] [--device P]`).
 
-Each candidate is a placement (roam_cli.offload) planned in full, order and both layouts, and
+Each candidate is a placement planned in full, order and both layouts (by the pipeline's
+`plan_model`, passed in: the planner sits below the pipeline that calls it), and
 its step estimated on the device profile. The fixed policies users know are candidates as they
 are: keep (everything on the device), save_on_cpu, ZeRO-Offload, every persistent byte on the host,
 and recompute only (roam's least-memory recomputation, nothing moved). From each placement that
@@ -12,14 +13,15 @@ can fit."""
 
 import time
 from dataclasses import dataclass, replace
+from typing import Any
 
-from roam_cli import offload, pipeline, recompute
+from roam_cli import recompute
 from roam_cli.core import memory, plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
 from roam_cli.frontend.onnx_import import Imported
-from roam_cli.offload import rewrite, timing
+from roam_cli.offload import policies, rewrite, timing
 from roam_cli.offload.rewrite import Placement
 
 OBJECTIVES = ("time", "energy")
@@ -29,7 +31,7 @@ GROW_ROUNDS = 6  # plans made growing one placement's offloaded values before gi
 @dataclass
 class Candidate:
     policy: str
-    result: pipeline.Result
+    result: Any  # the pipeline's Result: its plan, graph and memory model
     estimate: Estimate
     offloaded: tuple[str, ...]
     transfers: list[dict]
@@ -46,8 +48,9 @@ class Candidate:
                 "estimate": self.estimate.as_dict()}
 
 
-def plan(imported: Imported, mm: memory.MemoryModel, model_path, plan_path, options, seconds: dict, say
-         ) -> pipeline.Result:
+def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -> Any:
+    """The plan of the least estimated cost that fits options.budget. `plan_model(imported, mm,
+    options)` orders and lays out a graph and returns the pipeline's Result."""
     start = time.perf_counter()
     profile = profile_mod.load(options.device or profile_mod.DEFAULT)
     objective = options.objective
@@ -56,7 +59,7 @@ def plan(imported: Imported, mm: memory.MemoryModel, model_path, plan_path, opti
     if objective == "energy" and profile.energy_per_flop is None:
         raise RoamError(f"--objective energy: device profile {profile.name!r} has no energy figures")
     budget, slow = options.budget, options.offload
-    floor, node = offload.working_set(imported.graph, mm)
+    floor, node = policies.working_set(imported.graph, mm)
     if budget is not None and budget < floor:
         raise CheckFailed(f"--budget {budget} bytes is below node {node!r}'s working set: {floor} bytes of its "
                           "inputs and outputs are on the device at once, wherever the rest lives")
@@ -67,7 +70,7 @@ def plan(imported: Imported, mm: memory.MemoryModel, model_path, plan_path, opti
         say(f"planning {policy}" + (f", {len(placement.offloaded)} values offloaded" if placement.offloaded else ""))
         rewritten, transfers = rewrite.rewrite(source, source_mm, placement)
         new_mm = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
-        result = pipeline.plan_model(rewritten, new_mm, model_path, plan_path, each, dict(seconds), lambda _m: None)
+        result = plan_model(rewritten, new_mm, each)
         order = [rewritten.graph.node_index()[name] for name in result.plan["order"]]
         return Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
                          tuple(sorted(placement.offloaded)), transfers, recomputing)
@@ -81,9 +84,9 @@ def plan(imported: Imported, mm: memory.MemoryModel, model_path, plan_path, opti
     recomputed_mm = memory.build(recomputed.graph, options.alignment, options.inplace, options.loss)
     candidates = [
         planned("keep", imported, mm, Placement(slow)),
-        planned("save_on_cpu", imported, mm, offload.save_on_cpu(graph, mm, slow)),
-        planned("zero_offload", imported, mm, offload.update_on_host(graph, mm, slow, everything=False)),
-        planned("all_on_host", imported, mm, offload.update_on_host(graph, mm, slow, everything=True)),
+        planned("save_on_cpu", imported, mm, policies.save_on_cpu(graph, mm, slow)),
+        planned("zero_offload", imported, mm, policies.update_on_host(graph, mm, slow, everything=False)),
+        planned("all_on_host", imported, mm, policies.update_on_host(graph, mm, slow, everything=True)),
         planned("recompute_only", recomputed, recomputed_mm, Placement(slow), recompute_record),
     ]
     fixed = {c.policy: c for c in candidates}
@@ -136,8 +139,8 @@ def grow(planned, source: Imported, source_mm: memory.MemoryModel, slow: str, ev
     made already. The last plan made is the last of the list."""
     graph = source.graph
     base = (Placement(slow) if everything is None
-            else offload.update_on_host(graph, source_mm, slow, everything=everything))
-    sizes = offload.offloadable(graph, source_mm)
+            else policies.update_on_host(graph, source_mm, slow, everything=everything))
+    sizes = policies.offloadable(graph, source_mm)
     ranked = sorted(sizes, key=lambda v: (-sizes[v], v))
     name = {None: "planned", False: "planned+zero_offload", True: "planned+all_on_host"}[everything]
     made: list[Candidate] = []
