@@ -61,8 +61,8 @@ def _field(data: dict, key: str, kind, path: Path, minimum: float | None = 0):
     if ok and kind in ((int, float), int):
         ok = math.isfinite(value) and (minimum is None or value >= minimum)
     if not ok:
-        raise RoamError(f"{path}: '{key}' is {str(value)[:40]!r}, not a "
-                        f"{'true/false' if kind is bool else 'non-negative number'}")
+        raise RoamError(f"{path}: '{key}' is {json.dumps(value)[:40]}, not "
+                        f"{'true or false' if kind is bool else f'a number >= {minimum}'}")
     return value
 
 

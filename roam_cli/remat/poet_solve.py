@@ -201,27 +201,32 @@ class Greedy:
                     gain = sum(min(p.ram[i], cost.excess[s]) for s in range(first, n) if cost.excess[s] > 0)
                     if gain > 0:
                         found.append((energy / gain, move))
-        return sorted(found)
+        # a recomputation in the worst stage holds its inputs there: paging the value in instead
+        # can free them (tried last, kept when it does not make the excess worse)
+        found.sort()
+        found += [(math.inf, ("hold", x, worst)) for x in sorted(self.extra[worst]) if ("hold", x, worst) not in banned]
+        return found
 
     def apply(self, move: tuple) -> None:
         kind, i, n = move
         if kind == "recompute":
             self.extra[n].add(i)
-        elif i in self.paged:
+            return
+        if kind == "hold":  # a recomputation taken back: i paged in for the read at n where it can be, else held
+            self.extra[n].discard(i)
+            if not (self.p.paging and n - 1 >= i + 2):
+                return
+        if i in self.paged:
             self.kept[i].discard(n)
         else:
             self.paged.add(i)
             self.kept[i] = set(range(self.p.T)) - {n}
 
-    def undo(self, move: tuple) -> None:
-        kind, i, n = move
-        if kind == "recompute":
-            self.extra[n].discard(i)
-        elif self.kept[i] == set(range(self.p.T)) - {n}:
-            self.paged.discard(i)
-            del self.kept[i]
-        else:
-            self.kept[i].add(n)
+    def snapshot(self) -> tuple:
+        return [set(x) for x in self.extra], set(self.paged), {i: set(k) for i, k in self.kept.items()}
+
+    def restore(self, snap: tuple) -> None:
+        self.extra, self.paged, self.kept = snap
 
 
 def greedy(p: Problem, g: Graph, deadline: float) -> tuple[Plan, Cost] | None:
@@ -236,15 +241,19 @@ def greedy(p: Problem, g: Graph, deadline: float) -> tuple[Plan, Cost] | None:
         if not moves:
             return None
         move = moves[0][1]
+        snap = state.snapshot()
         state.apply(move)
         trial, trial_gaps = state.plan()
         trial_cost = measure(p, g, trial)
         trial_over = sum(e for e in trial_cost.excess if e > 0)
-        if trial_over < over and trial_cost.runtime <= p.runtime_budget * (1 + RUNTIME_SLACK):
+        banned.add(move)
+        if (trial_over < over or move[0] == "hold" and trial_over <= over) and \
+                trial_cost.runtime <= p.runtime_budget * (1 + RUNTIME_SLACK):
             plan, gaps, cost, over = trial, trial_gaps, trial_cost, trial_over
+            if move[0] == "hold":
+                banned.add(("recompute", move[1], move[2]))
         else:
-            state.undo(move)
-            banned.add(move)
+            state.restore(snap)
     if not cost.fits(p):
         return None
     return take_back(state, plan, cost, deadline)
@@ -260,12 +269,13 @@ def take_back(state: Greedy, plan: Plan, cost: Cost, deadline: float) -> tuple[P
     for _, (kind, a, b) in sorted(undos, key=lambda x: -x[0]):
         if time.perf_counter() > deadline:
             break
+        snap = state.snapshot()
         if kind == "extra":
             state.extra[a].discard(b)
         elif kind == "unpage" and a in state.paged:
-            saved = state.kept.pop(a)
             state.paged.discard(a)
-        elif kind == "keep" and a in state.paged and b not in state.kept[a]:
+            del state.kept[a]
+        elif kind == "keep" and a in state.paged:
             state.kept[a].add(b)
         else:
             continue
@@ -273,13 +283,8 @@ def take_back(state: Greedy, plan: Plan, cost: Cost, deadline: float) -> tuple[P
         trial_cost = measure(p, state.g, trial)
         if trial_cost.fits(p) and trial_cost.energy < cost.energy:
             plan, cost = trial, trial_cost
-        elif kind == "extra":
-            state.extra[a].add(b)
-        elif kind == "unpage":
-            state.paged.add(a)
-            state.kept[a] = saved
         else:
-            state.kept[a].discard(b)
+            state.restore(snap)
     return plan, cost
 
 
@@ -297,7 +302,7 @@ def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, s
     lp = pulp.LpProblem("poet", pulp.LpMinimize)
 
     def binaries(name: str, pairs) -> dict:
-        return {(t, i): pulp.LpVariable(f"{name}_{t}_{i}", cat="Binary") for t, i in pairs}
+        return {(t, i): lp.add_variable(f"{name}_{t}_{i}", cat=pulp.LpBinary) for t, i in pairs}
 
     R = binaries("R", [(t, i) for t in range(T) for i in range(t) if p.remat and t <= useful[i]])
     S = binaries("S", [(t, i) for t in range(1, T) for i in range(t) if t <= useful[i]])
@@ -339,7 +344,7 @@ def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, s
             if t in g.succs[i] and k < t:  # node t itself reads i later in the stage: never freed here
                 continue
             later = [R[t, j] for j in g.succs[i] if k < j < t and (t, j) in R]
-            f = F[t, i, k] = pulp.LpVariable(f"F_{t}_{i}_{k}", cat="Binary")
+            f = F[t, i, k] = lp.add_variable(f"F_{t}_{i}_{k}", cat=pulp.LpBinary)
             keep = S.get((t + 1, i), 0)
             lp += f <= r(t, k)
             lp += f <= 1 - keep
@@ -350,7 +355,7 @@ def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, s
         level = pulp.lpSum(held_at[t])
         for k in range(min(t + 2, T)):
             level = level + r(t, k) * p.ram[k] / B - (pulp.lpSum(freed[k - 1]) if k else 0)
-            U[t, k] = pulp.LpVariable(f"U_{t}_{k}", 0, 1)
+            U[t, k] = lp.add_variable(f"U_{t}_{k}", 0, 1)
             lp += U[t, k] == level
             level = U[t, k]
     warm(start, R, S, D, MI, MO, F, U, p, g)
