@@ -21,7 +21,7 @@ from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
 from roam_cli.frontend.onnx_import import Imported
-from roam_cli.offload import policies, rewrite, timing
+from roam_cli.offload import policies, prefetch, rewrite, timing
 from roam_cli.offload.rewrite import Placement
 
 OBJECTIVES = ("time", "energy")
@@ -71,7 +71,14 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
         rewritten, transfers = rewrite.rewrite(source, source_mm, placement)
         new_mm = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
         result = plan_model(rewritten, new_mm, each)
-        order = [rewritten.graph.node_index()[name] for name in result.plan["order"]]
+        index = rewritten.graph.node_index()
+        order = [index[name] for name in result.plan["order"]]
+        early = prefetch.hoist(rewritten.graph, new_mm, order, profile)
+        if early != order:
+            stats = {k: v for k, v in result.plan["stats"]["order"].items() if k not in ("strategy", "baselines")}
+            moved = sum(a != b for a, b in zip(order, early))
+            result = plan_model(rewritten, new_mm, each, (early, stats | {"prefetch_moved_steps": moved}))
+            order = early
         return Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
                          tuple(sorted(placement.offloaded)), transfers, recomputing)
 
