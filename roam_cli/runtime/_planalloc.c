@@ -20,8 +20,10 @@
  *
  * Each planned session has a state of its own (a handle: new_session ... close). RECORD passes
  * requests through to the real allocator and logs each (size, alloc event, free event); Python
- * gives one offset per request (load_plan). SERVE then answers the k-th request of a step at
- * base + offset[k]. A request that does not match (another size, or its place still taken by a
+ * gives one offset and one pool per request (load_plan). SERVE then answers the k-th request of a
+ * step at base[pool[k]] + offset[k]. Pool 0 is the device's arena, pool 1 the slow tier's (a plan
+ * that offloads, DESIGN.md "Memory tiers"): on CUDA pinned host memory, which the GPU's kernels
+ * read and write over the bus; on the CPU both are host memory, each of its plan's size. A request that does not match (another size, or its place still taken by a
  * buffer that is live) falls back to the real allocator and is counted, the first one noted: the
  * arena can be wrong about nothing, only unused.
  *
@@ -47,6 +49,7 @@
 
 enum { OFF = 0, RECORD = 1, SERVE = 2 };
 enum { CPU = 0, CUDA = 1, DEVICES = 2 };
+enum { POOLS = 2 }; /* the device's arena and the slow tier's */
 #define LOOKAHEAD 64 /* how far past the cursor a request may match (one-off requests skipped) */
 
 /* ---- pointer -> index map (open addressing, linear probing, backward-shift delete) ---- */
@@ -156,8 +159,9 @@ static void vec_free(Vec *a) {
 /* ---- per-session state ---- */
 
 typedef struct {
-    int64_t requests, served, served_planned, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
-    int64_t fallback_peak, high_water;
+    int64_t requests, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
+    int64_t fallback_peak;
+    int64_t pool_served[POOLS], pool_planned[POOLS], pool_high_water[POOLS];
     int64_t miss_request, miss_size, miss_slot; /* the step's first unplanned request (-1: none) */
 } Stats;
 
@@ -176,8 +180,9 @@ typedef struct Session {
     int64_t *size, *offset;
     int64_t *ov_start, *ov; /* CSR: slots whose bytes overlap slot i's (at other times) */
     char *live, *taken, *planned; /* planned: the slot is a tensor of roam's plan, at its offset */
-    char *base;
-    int64_t arena_bytes;
+    char *pool; /* the pool each slot is in */
+    char *base[POOLS];
+    int64_t arena_bytes[POOLS];
     int64_t cursor;
     PtrMap served; /* arena pointer -> slot */
     PtrMap fallback; /* pointer -> bytes, for requests served by the real allocator */
@@ -198,6 +203,8 @@ typedef int (*cuda_malloc_t)(void **, size_t);
 typedef int (*cuda_free_t)(void *);
 static cuda_malloc_t cuda_malloc;
 static cuda_free_t cuda_free;
+static cuda_malloc_t cuda_malloc_host; /* pinned host memory: the slow pool of a CUDA session */
+static cuda_free_t cuda_free_host;
 
 static int device_alloc(int d, void **p, size_t align, size_t size) {
     if (d == CPU) return real_posix_memalign(p, align, size);
@@ -210,6 +217,19 @@ static void device_free(int d, void *p) {
         real_free(p);
     else if (cuda_free)
         cuda_free(p);
+}
+
+/* A pool's arena: the slow pool of a CUDA session in pinned host memory, every other in the device's. */
+static int pool_alloc(int d, int pool, void **p, size_t size) {
+    if (d == CUDA && pool == 1) return cuda_malloc_host && cuda_malloc_host(p, size) == 0 ? 0 : -1;
+    return device_alloc(d, p, 4096, size);
+}
+
+static void pool_free(int d, int pool, void *p) {
+    if (d == CUDA && pool == 1) {
+        if (cuda_free_host) cuda_free_host(p);
+    } else
+        device_free(d, p);
 }
 
 /* Under the lock. */
@@ -234,7 +254,9 @@ static Session *busy_elsewhere(int d) {
 }
 
 static int in_arena(const Session *s, const void *p) {
-    return s->base && (const char *)p >= s->base && (const char *)p < s->base + s->arena_bytes;
+    for (int q = 0; q < POOLS; q++)
+        if (s->base[q] && (const char *)p >= s->base[q] && (const char *)p < s->base[q] + s->arena_bytes[q]) return 1;
+    return 0;
 }
 
 static int conflicts(Session *s, int64_t j) {
@@ -250,12 +272,14 @@ static int conflicts(Session *s, int64_t j) {
  * is the one recorded there), else the first free slot of that size a little past the cursor (the
  * sequence moved: a one-off request skipped). A slot whose bytes are held by a live one is refused. */
 static int64_t match_slot(Session *s, int64_t k, size_t size, size_t align) {
-    if ((uintptr_t)s->base % align) return -1;
+    if (k < s->n && (uintptr_t)s->base[(int)s->pool[k]] % align) return -1;
     if (k < s->n && !s->taken[k] && s->size[k] == (int64_t)size && s->offset[k] % (int64_t)align == 0)
         return conflicts(s, k) ? -1 : k;
     int64_t end = s->cursor + LOOKAHEAD < s->n ? s->cursor + LOOKAHEAD : s->n;
     for (int64_t j = s->cursor; j < end; j++) {
-        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align) continue;
+        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align ||
+            (uintptr_t)s->base[(int)s->pool[j]] % align)
+            continue;
         return conflicts(s, j) ? -1 : j;
     }
     return -1;
@@ -263,22 +287,27 @@ static int64_t match_slot(Session *s, int64_t k, size_t size, size_t align) {
 
 typedef struct {
     int64_t *size, *offset, *ov_start, *ov;
-    char *live, *taken, *planned, *base;
-    int64_t n, arena_bytes;
+    char *live, *taken, *planned, *pool, *base[POOLS];
+    int64_t n, arena_bytes[POOLS];
 } Plan;
 
 static void free_plan(int d, Plan *p) {
     free(p->size), free(p->offset), free(p->ov_start), free(p->ov), free(p->live), free(p->taken), free(p->planned);
-    if (p->base) device_free(d, p->base);
+    free(p->pool);
+    for (int q = 0; q < POOLS; q++)
+        if (p->base[q]) pool_free(d, q, p->base[q]);
     memset(p, 0, sizeof *p);
 }
 
 /* Under the lock: the session's plan moved out into `p` (freed later, outside the lock). */
 static void take_plan(Session *s, Plan *p) {
-    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->planned, s->base, s->n, s->arena_bytes};
+    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->planned, s->pool,
+                {s->base[0], s->base[1]}, s->n, {s->arena_bytes[0], s->arena_bytes[1]}};
     s->size = s->offset = s->ov_start = s->ov = NULL;
-    s->live = s->taken = s->planned = s->base = NULL;
-    s->n = s->arena_bytes = 0;
+    s->live = s->taken = s->planned = s->pool = NULL;
+    memset(s->base, 0, sizeof s->base);
+    memset(s->arena_bytes, 0, sizeof s->arena_bytes);
+    s->n = 0;
     map_clear(&s->served);
 }
 
@@ -319,14 +348,17 @@ static void *allocate(int d, size_t size, size_t align) {
     if (s->mode == SERVE) {
         int64_t k = s->st.requests++;
         int64_t j = match_slot(s, k, size, align);
-        if (j >= 0 && map_put(&s->served, (uintptr_t)(s->base + s->offset[j]), j) == 0) {
+        int q = j >= 0 ? s->pool[j] : 0;
+        if (j >= 0 && map_put(&s->served, (uintptr_t)(s->base[q] + s->offset[j]), j) == 0) {
             s->taken[j] = s->live[j] = 1;
             while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
-            p = s->base + s->offset[j];
-            s->st.served++;
-            s->st.served_planned += j == k && s->planned[j]; /* its own slot: the plan's offset */
+            p = s->base[q] + s->offset[j];
+            int at_plan = j == k && s->planned[j]; /* its own slot: the plan's offset */
+            s->st.pool_served[q]++;
+            s->st.pool_planned[q] += at_plan;
             s->st.served_bytes += (int64_t)size;
-            if (s->offset[j] + (int64_t)size > s->st.high_water) s->st.high_water = s->offset[j] + (int64_t)size;
+            if (s->offset[j] + (int64_t)size > s->st.pool_high_water[q])
+                s->st.pool_high_water[q] = s->offset[j] + (int64_t)size;
             pthread_mutex_unlock(&lock);
             return p;
         }
@@ -629,6 +661,8 @@ static PyObject *py_cuda_functions(PyObject *self, PyObject *noargs) {
         if (!h) continue;
         cuda_malloc = (cuda_malloc_t)dlsym(h, "cudaMalloc");
         cuda_free = (cuda_free_t)dlsym(h, "cudaFree");
+        cuda_malloc_host = (cuda_malloc_t)dlsym(h, "cudaMallocHost");
+        cuda_free_host = (cuda_free_t)dlsym(h, "cudaFreeHost");
     }
     if (!cuda_malloc || !cuda_free) {
         cuda_malloc = NULL;
@@ -664,7 +698,7 @@ static PyObject *py_begin(PyObject *args, int mode) {
     }
     Session *other = s->device == CUDA ? busy_elsewhere(CUDA) : planning(CPU);
     const char *why = other && other != s ? "another planned session is in a step on this device and thread: end it first"
-                      : mode == SERVE && !s->base ? "no plan loaded"
+                      : mode == SERVE && !s->pool ? "no plan loaded"
                                                   : NULL;
     if (!why && mode == RECORD) {
         vec_free(&s->rec_size), vec_free(&s->rec_alloc), vec_free(&s->rec_free), vec_free(&s->rec_time);
@@ -748,24 +782,25 @@ static int64_t *int64_array(PyObject *seq, Py_ssize_t n) {
     return v;
 }
 
-static int64_t *order_by_offset;
-static int by_offset(const void *a, const void *b) {
-    int64_t x = order_by_offset[*(const int64_t *)a], y = order_by_offset[*(const int64_t *)b];
-    return (x > y) - (x < y);
+static const Plan *order_by; /* the GIL is held: one sort at a time */
+static int by_place(const void *a, const void *b) {
+    int64_t i = *(const int64_t *)a, j = *(const int64_t *)b;
+    if (order_by->pool[i] != order_by->pool[j]) return order_by->pool[i] - order_by->pool[j];
+    return (order_by->offset[i] > order_by->offset[j]) - (order_by->offset[i] < order_by->offset[j]);
 }
 
-/* Slots sharing bytes: a sweep over slots sorted by offset (pairs only, never n^2 tests). */
+/* Slots sharing bytes: a sweep over slots sorted by pool, then offset (pairs only, never n^2 tests). */
 static int build_overlaps(Plan *s, const int64_t *rounded) {
     int64_t n = s->n;
     int64_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
     Vec a = {0}, b = {0};
     if (!idx) return -1;
     for (int64_t i = 0; i < n; i++) idx[i] = i;
-    order_by_offset = s->offset; /* the GIL is held: one sort at a time */
-    qsort(idx, (size_t)n, sizeof *idx, by_offset);
+    order_by = s;
+    qsort(idx, (size_t)n, sizeof *idx, by_place);
     for (int64_t x = 0; x < n; x++) {
         int64_t i = idx[x], top = s->offset[i] + rounded[i];
-        for (int64_t y = x + 1; y < n && s->offset[idx[y]] < top; y++)
+        for (int64_t y = x + 1; y < n && s->pool[idx[y]] == s->pool[i] && s->offset[idx[y]] < top; y++)
             if (vec_push(&a, i) || vec_push(&b, idx[y])) goto fail;
     }
     s->ov_start = calloc((size_t)n + 1, sizeof *s->ov_start);
@@ -785,33 +820,42 @@ fail:
     return -1;
 }
 
-/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, arena bytes): slot k serves
- * request k. The plan and its arena are built before the lock is taken, swapped in under it, the
+/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, pools, (device arena bytes, slow
+ * arena bytes)): slot k serves request k, in pool pools[k]. The plan and its arena are built before the lock is taken, swapped in under it, the
  * old one freed after. */
 static PyObject *py_load_plan(PyObject *self, PyObject *args) {
-    long long id, arena;
-    PyObject *sizes, *offsets, *rounded, *flags;
-    if (!PyArg_ParseTuple(args, "LOOOOL", &id, &sizes, &offsets, &rounded, &flags, &arena)) return NULL;
+    long long id, arena[POOLS];
+    PyObject *sizes, *offsets, *rounded, *flags, *pools;
+    if (!PyArg_ParseTuple(args, "LOOOOO(LL)", &id, &sizes, &offsets, &rounded, &flags, &pools, &arena[0], &arena[1]))
+        return NULL;
     PyObject *fs = PySequence_Fast(sizes, "sizes"), *fo = PySequence_Fast(offsets, "offsets"),
-             *fr = PySequence_Fast(rounded, "rounded"), *ff = PySequence_Fast(flags, "planned flags");
-    if (!fs || !fo || !fr || !ff) {
-        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff);
+             *fr = PySequence_Fast(rounded, "rounded"), *ff = PySequence_Fast(flags, "planned flags"),
+             *fp = PySequence_Fast(pools, "pools");
+    if (!fs || !fo || !fr || !ff || !fp) {
+        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff), Py_XDECREF(fp);
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
-    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n || PySequence_Fast_GET_SIZE(ff) != n) {
-        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
-        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes and planned flags differ in length");
+    if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n || PySequence_Fast_GET_SIZE(ff) != n ||
+        PySequence_Fast_GET_SIZE(fp) != n) {
+        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp);
+        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes, planned flags and pools differ in length");
         return NULL;
     }
     Plan plan = {0};
-    int64_t *rs = int64_array(fr, n), *fl = rs ? int64_array(ff, n) : NULL;
-    plan.size = fl ? int64_array(fs, n) : NULL;
+    int64_t *rs = int64_array(fr, n), *fl = rs ? int64_array(ff, n) : NULL, *pl = fl ? int64_array(fp, n) : NULL;
+    plan.size = pl ? int64_array(fs, n) : NULL;
     plan.offset = plan.size ? int64_array(fo, n) : NULL;
-    plan.planned = fl ? calloc((size_t)n + 1, 1) : NULL;
-    for (Py_ssize_t i = 0; plan.planned && i < n; i++) plan.planned[i] = fl[i] != 0;
-    free(fl);
-    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff);
+    plan.planned = pl ? calloc((size_t)n + 1, 1) : NULL;
+    plan.pool = pl ? calloc((size_t)n + 1, 1) : NULL;
+    for (Py_ssize_t i = 0; plan.planned && plan.pool && i < n; i++) {
+        plan.planned[i] = fl[i] != 0;
+        plan.pool[i] = pl[i] == 1;
+    }
+    int bad_pool = 0;
+    for (Py_ssize_t i = 0; pl && i < n; i++) bad_pool |= pl[i] != 0 && pl[i] != 1;
+    free(fl), free(pl);
+    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp);
     pthread_mutex_lock(&lock);
     Session *s = session_of(id);
     int device = s ? s->device : CPU;
@@ -820,23 +864,31 @@ static PyObject *py_load_plan(PyObject *self, PyObject *args) {
         free(rs), free_plan(device, &plan);
         return PyErr_Occurred() ? NULL : closed_error();
     }
-    if (!plan.offset || !plan.planned) {
+    if (!plan.offset || !plan.planned || !plan.pool) {
         free(rs), free_plan(device, &plan);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
+    if (bad_pool) {
+        free(rs), free_plan(device, &plan);
+        PyErr_SetString(PyExc_ValueError, "a pool is 0 (the device's) or 1 (the slow tier's)");
+        return NULL;
+    }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (plan.offset[i] < 0 || rs[i] < plan.size[i] || plan.offset[i] + rs[i] > arena) {
+        if (plan.offset[i] < 0 || rs[i] < plan.size[i] || plan.offset[i] + rs[i] > arena[(int)plan.pool[i]]) {
             free(rs), free_plan(device, &plan);
-            PyErr_Format(PyExc_ValueError, "slot %zd does not fit the arena", i);
+            PyErr_Format(PyExc_ValueError, "slot %zd does not fit its pool's arena", i);
             return NULL;
         }
-    plan.n = n, plan.arena_bytes = arena;
+    plan.n = n;
     plan.live = calloc((size_t)n + 1, 1);
     plan.taken = calloc((size_t)n + 1, 1);
-    void *base = NULL;
-    int bad = !plan.live || !plan.taken || build_overlaps(&plan, rs) ||
-              device_alloc(device, &base, 4096, (size_t)(arena ? arena : 1));
-    plan.base = base;
+    int bad = !plan.live || !plan.taken || build_overlaps(&plan, rs);
+    for (int q = 0; q < POOLS && !bad; q++) {
+        void *base = NULL;
+        plan.arena_bytes[q] = arena[q];
+        bad = arena[q] && pool_alloc(device, q, &base, (size_t)arena[q]);
+        plan.base[q] = base;
+    }
     free(rs);
     if (bad) {
         free_plan(device, &plan);
@@ -852,8 +904,10 @@ static PyObject *py_load_plan(PyObject *self, PyObject *args) {
     if (!why) {
         take_plan(s, &old);
         s->size = plan.size, s->offset = plan.offset, s->ov_start = plan.ov_start, s->ov = plan.ov;
-        s->live = plan.live, s->taken = plan.taken, s->planned = plan.planned, s->base = plan.base;
-        s->n = plan.n, s->arena_bytes = plan.arena_bytes;
+        s->live = plan.live, s->taken = plan.taken, s->planned = plan.planned, s->pool = plan.pool;
+        memcpy(s->base, plan.base, sizeof s->base);
+        memcpy(s->arena_bytes, plan.arena_bytes, sizeof s->arena_bytes);
+        s->n = plan.n;
     }
     pthread_mutex_unlock(&lock);
     free_plan(device, why ? &plan : &old);
@@ -878,14 +932,20 @@ static PyObject *py_end_step(PyObject *self, PyObject *args) {
     int64_t held = 0;
     for (int64_t j = 0; j < s->n; j++) held += s->live[j];
     pthread_mutex_unlock(&lock);
-    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsLsL}", "requests", (long long)st.requests, "served",
-                         (long long)st.served, "served_at_plan_offset", (long long)st.served_planned, "served_bytes", (long long)st.served_bytes, "unplanned",
-                         (long long)st.unplanned, "unplanned_bytes", (long long)st.unplanned_bytes,
-                         "unplanned_peak_bytes", (long long)st.fallback_peak, "conflicts", (long long)st.conflicts,
-                         "other_threads", (long long)st.other_threads, "arena_high_water", (long long)st.high_water,
-                         "held_after_step", (long long)held, "first_unplanned_request", (long long)st.miss_request,
-                         "first_unplanned_size", (long long)st.miss_size, "first_unplanned_slot",
-                         (long long)st.miss_slot);
+    /* totals, and each pool's own figures ("arena_high_water" is the device pool's) */
+    return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsLsLs{s{sLsLsL}s{sLsLsL}}}", "requests", (long long)st.requests,
+                         "served", (long long)(st.pool_served[0] + st.pool_served[1]), "served_at_plan_offset",
+                         (long long)(st.pool_planned[0] + st.pool_planned[1]), "served_bytes",
+                         (long long)st.served_bytes, "unplanned", (long long)st.unplanned, "unplanned_bytes",
+                         (long long)st.unplanned_bytes, "unplanned_peak_bytes", (long long)st.fallback_peak,
+                         "conflicts", (long long)st.conflicts, "other_threads", (long long)st.other_threads,
+                         "arena_high_water", (long long)st.pool_high_water[0], "held_after_step", (long long)held,
+                         "first_unplanned_request", (long long)st.miss_request, "first_unplanned_size",
+                         (long long)st.miss_size, "first_unplanned_slot", (long long)st.miss_slot, "pools", "device",
+                         "served", (long long)st.pool_served[0], "served_at_plan_offset", (long long)st.pool_planned[0],
+                         "high_water", (long long)st.pool_high_water[0], "slow", "served", (long long)st.pool_served[1],
+                         "served_at_plan_offset", (long long)st.pool_planned[1], "high_water",
+                         (long long)st.pool_high_water[1]);
 }
 
 static PyObject *py_live(PyObject *self, PyObject *args) {
@@ -925,7 +985,7 @@ static PyMethodDef methods[] = {
     {"cuda_functions", py_cuda_functions, METH_NOARGS, "(alloc, free, empty_cache) addresses for gpu_external_*."},
     {"begin_record", py_begin_record, METH_VARARGS, "begin_record(handle): log this thread's requests."},
     {"end_record", py_end_record, METH_VARARGS, "end_record(handle) -> (sizes, alloc events, free events, times in ns, events)."},
-    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, arena): slot pairs sharing bytes."},
+    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, planned, pools, (device bytes, slow bytes)): slot pairs sharing bytes."},
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(handle): serve this thread's requests from the arena."},
     {"end_step", py_end_step, METH_VARARGS, "end_step(handle) -> the step's statistics."},
     {"live", py_live, METH_VARARGS, "live(handle) -> (arena buffers live, fallback bytes live)."},

@@ -12,6 +12,12 @@ solver lays out all recorded requests. Whatever the recording does not cover fal
 real allocator and is counted per step (see `_planalloc.c` for how the requests are intercepted,
 and why there).
 
+A plan that offloads (DESIGN.md, "Memory tiers") has two arenas: the device's (`arena_bytes`) and
+the slow tier's (`tiers.arena_bytes`). Each gets a pool of its own: a planned tensor is served at
+its offset in its tier's pool, a request the plan does not name is fitted into the pool of the node
+that made it (the host's nodes and the transfers to the host use the slow pool). A planned tensor
+past the end of its tier's arena is refused: the pools hold what the plan says, no more.
+
     arena = ArenaAllocator("cpu")
     session = ort.InferenceSession(model, arena.session_options(options), providers=arena.providers())
     for batch in batches:
@@ -33,6 +39,7 @@ from onnxruntime.capi import onnxruntime_pybind11_state
 
 from roam_cli import layout
 from roam_cli.core.errors import RoamError
+from roam_cli.core.memory import DEVICE
 from roam_cli.frontend.providers import PROVIDERS, RUNTIME
 
 try:
@@ -73,6 +80,7 @@ class PlannedTensor:
     last_step: int  # the last step of the plan's order that it is live at
     successors: tuple[str, ...] = ()  # planned outputs of its readers of its size: ORT may write one into it
     workspace: bool = False  # kernel scratch (plan field `workspace`), not a tensor
+    tier: str = DEVICE  # whose arena its offset is in: the device's, or the slow tier's (plan field `tier`)
 
 
 
@@ -99,17 +107,31 @@ def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
     for name in place:
         group.setdefault(root(name), []).append(name)
 
+    def tier(name: str) -> str:
+        return place[name].get("tier", DEVICE)
+
     def successors(name: str) -> tuple[str, ...]:
-        """What its readers, or its views' readers, make of its size: a kernel in place writes one there."""
+        """What its readers, or its views' readers, make of its size in its tier: a kernel in place writes one there."""
         return tuple(out for member in group.get(name, [name]) for i in graph.consumers.get(member, ())
-                     for out in graph.nodes[i].outputs if placed(out) and place[out]["bytes"] == place[name]["bytes"])
+                     for out in graph.nodes[i].outputs
+                     if placed(out) and place[out]["bytes"] == place[name]["bytes"] and tier(out) == tier(name))
 
     return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
             for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], step[n.name],
-                                    place[out]["last_step"], successors(out)) for out in n.outputs if placed(out)]
+                                    place[out]["last_step"], successors(out), tier=tier(out))
+                      for out in n.outputs if placed(out)]
             + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], w["step"], (),
                              True)
                for k, w in enumerate(scratch.get(n.name, ()))]]
+
+
+def slow_nodes(plan: dict) -> frozenset[str]:
+    """The nodes whose requests the plan does not name go to the slow pool: the nodes the host
+    runs and the transfers to the host (plan fields `tiers`, `offload`)."""
+    if "tiers" not in plan:
+        return frozenset()
+    to_host = (t["node"] for t in plan.get("offload", {}).get("transfers", ()) if t["direction"] == "to_host")
+    return frozenset(plan["tiers"].get("host_nodes", ())) | frozenset(to_host)
 
 
 def within_node(lifetimes: list[tuple[int, int]], nodes: list[str | None]) -> list[bool]:
@@ -227,15 +249,20 @@ class ArenaAllocator:
     step per thread at a time. close() ends it (also after a failed step)."""
 
     def __init__(self, device: str = "cpu", strategy: str = "roam", time_limit: float = 30.0,
-                 planned: list[PlannedTensor] | None = None, plan_arena: int = 0, plan_alignment: int = ALIGNMENT):
+                 planned: list[PlannedTensor] | None = None, plan_arena: int = 0, plan_alignment: int = ALIGNMENT,
+                 slow_arena: int = 0, slow_nodes: frozenset[str] = frozenset()):
         """planned: the plan's tensors as ORT requests them (`planned_requests`), served at their
-        offsets in an arena of at least `plan_arena` bytes; None lays out what step 1 records."""
+        offsets in the device's pool of `plan_arena` bytes, or the slow tier's of `slow_arena` bytes
+        (their `tier`); the requests of `slow_nodes` (`slow_nodes`) the plan does not name are fitted
+        into the slow pool. None lays out what step 1 records, in one pool."""
         self.handle: int | None = None
         if _planalloc is None:
             raise RoamError(f"roam's allocator is not in this install: its C extension roam_cli/runtime/_planalloc.c "
                             f"did not build ({NOT_BUILT}); it needs Linux on x86-64 or aarch64 and a C compiler at "
                             "install time. Run with --allocator ort")
-        self.planned, self.plan_arena, self.plan_alignment = planned, plan_arena, plan_alignment
+        self.planned, self.plan_alignment = planned, plan_alignment
+        self.plan_arenas, self.slow_nodes = (plan_arena, slow_arena), slow_nodes
+        self.pool: list[int] = []  # per request of step 1: 0, the device's pool, or 1, the slow tier's
         self.matched: list[int] = []  # per request of step 1: the planned tensor it is, or -1 (workspace)
         self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
         self.served_at: dict[int, int] = {}  # request -> the plan offset it is served at
@@ -306,27 +333,39 @@ class ArenaAllocator:
         buffers = recording.buffers
         if self.planned is None:
             placed = layout.place(buffers, self.strategy, time_limit=self.time_limit)
-            offsets, rounded, arena = placed.offsets, [b[2] for b in buffers], placed.arena
-            self.matched = [-1] * len(buffers)
+            offsets, rounded, arenas = placed.offsets, [b[2] for b in buffers], (placed.arena, 0)
+            self.matched, self.pool = [-1] * len(buffers), [0] * len(buffers)
         else:
-            offsets, rounded, arena = self._at_plan_offsets(buffers)
+            offsets, rounded, arenas = self._at_plan_offsets(buffers)
         pairs = _planalloc.load_plan(self.handle, recording.sizes, offsets, rounded,
-                                     [self.at_offset(k) for k in range(len(buffers))], arena)
+                                     [self.at_offset(k) for k in range(len(buffers))], self.pool, arenas)
         workspace = [b for b, m in zip(buffers, self.matched) if m < 0]
         named = sum(m >= 0 for m in self.matched)
+
+        def pool(q: int) -> dict:
+            mine = [k for k, p in enumerate(self.pool) if p == q]
+            return {"arena_bytes": arenas[q], "plan_arena_bytes": self.plan_arenas[q] if self.planned else None,
+                    "requests": len(mine), "planned_requests": sum(self.matched[k] >= 0 for k in mine),
+                    "peak_live_bytes": layout.peak_live([buffers[k] for k in mine])}
+
         self.layout = {"strategy": "plan" if self.planned is not None else self.strategy, "requests": len(buffers),
                        "planned_requests": named, "planned_not_requested": len(self.planned or ()) - named,
                        "planned_moved": len(self.moved),
                        "first_moved": self.request(min(self.moved)) if self.moved else None,
                        "workspace_requests": len(workspace), "workspace_bytes": layout.peak_live(workspace),
-                       "arena_bytes": arena, "peak_live_bytes": layout.peak_live(buffers),
+                       "arena_bytes": arenas[0], "peak_live_bytes": layout.peak_live(buffers),
+                       "pools": {"device": pool(0), "slow": pool(1)},
                        "address_sharing_pairs": pairs, "seconds": time.perf_counter() - t}
 
-    def _at_plan_offsets(self, buffers) -> tuple[list[int], list[int], int]:
-        """Each request the plan names at its tensor's offset; the workspace fitted around them."""
+    def _at_plan_offsets(self, buffers) -> tuple[list[int], list[int], tuple[int, int]]:
+        """Each request the plan names at its tensor's offset in its tier's pool; the workspace
+        fitted around them in the pool of its node. Returns (offsets, rounded sizes, pool sizes)."""
         nodes = node_at(self.recording.times, self.spans) if self.spans else None
         scratch = within_node(self.recording.lifetimes, nodes) if nodes else None
         self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes, scratch)
+        self.pool = [int(self.planned[m].tier != DEVICE) if m >= 0 else int(bool(nodes) and nodes[k] in self.slow_nodes)
+                     for k, m in enumerate(self.matched)]
+        self._refuse_past_pools()
         # ORT may keep a tensor longer than the plan says: a kernel working in place (Relu, on
         # onnxruntime 1.19 even with memory reuse off) writes its output into its input, which then
         # lives as long as the output. Such a request takes the output's plan offset when its own
@@ -349,22 +388,41 @@ class ArenaAllocator:
                 return [offset[s] for s in absorbed] + [t.offset]
             return [t.offset] + [offset[s] for s in absorbed]
 
-        # outliving its plan life: freed after a request the plan makes after its last step (ORT frees
-        # an output nobody reads at the end of the run; a kernel in place extends its input's life)
-        late = {i for i, k in enumerate(at_plan)
-                if self.planned[reached(k)].step > self.planned[self.matched[k]].last_step}
-        chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in at_plan], late)
-        self.moved = {k for k, at in zip(at_plan, chosen) if at is None}
-        self.served_at = {k: at for k, at in zip(at_plan, chosen) if at is not None}
-        fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in self.served_at.items()]
-        fits = [k for k in range(len(buffers)) if not self.at_offset(k)]
-        offsets = [self.served_at.get(k, 0) for k in range(len(buffers))]
-        for k, at in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
-            offsets[k] = at
+        def outlives(k: int) -> bool:
+            """Freed after a request the plan makes after its last step (ORT frees an output nobody
+            reads at the end of the run; a kernel in place extends its input's life)."""
+            return self.planned[reached(k)].step > self.planned[self.matched[k]].last_step
+
+        self.served_at, self.moved = {}, set()
+        offsets = [0] * len(buffers)
+        for q in (0, 1):  # the pools share no bytes: each is settled and fitted on its own
+            mine = [k for k in at_plan if self.pool[k] == q]
+            late = {i for i, k in enumerate(mine) if outlives(k)}
+            chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in mine], late)
+            self.moved |= {k for k, at in zip(mine, chosen) if at is None}
+            served = {k: at for k, at in zip(mine, chosen) if at is not None}
+            self.served_at |= served
+            fixed = [(*buffers[k][:2], self.planned[self.matched[k]].bytes, at) for k, at in served.items()]
+            fits = [k for k in range(len(buffers)) if self.pool[k] == q and k not in served]
+            for k, at in zip(fits, fit_around(fixed, [buffers[k] for k in fits])):
+                offsets[k] = at
+            for k, at in served.items():
+                offsets[k] = at
         rounded = [self.planned[m].bytes if self.at_offset(k) else b[2]
                    for k, (b, m) in enumerate(zip(buffers, self.matched))]
-        arena = max([self.plan_arena] + [o + r for o, r in zip(offsets, rounded)])
-        return offsets, rounded, arena
+        arenas = tuple(max([self.plan_arenas[q]] + [o + r for o, r, p in zip(offsets, rounded, self.pool) if p == q])
+                       for q in (0, 1))
+        return offsets, rounded, arenas
+
+    def _refuse_past_pools(self) -> None:
+        """A request the plan names whose offset lies past the end of its tier's arena: the pool,
+        which holds what the plan says, cannot serve it."""
+        for k, m in enumerate(self.matched):
+            t = self.planned[m] if m >= 0 else None
+            if t is not None and t.offset + t.bytes > self.plan_arenas[self.pool[k]]:
+                raise RoamError(f"the plan places {t.name!r} ({t.bytes} bytes, made by node {t.node!r}) at offset "
+                                f"{t.offset} of the {t.tier} arena, which holds {self.plan_arenas[self.pool[k]]} bytes: "
+                                "past its end, where the pool cannot serve it")
 
     def at_offset(self, k: int) -> bool:
         """Request k is served at its tensor's plan offset."""

@@ -36,7 +36,7 @@ from roam_cli.frontend.providers import arena_providers, check_device, check_run
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
 from roam_cli.runtime import weights
-from roam_cli.runtime.allocator import ArenaAllocator, planned_requests
+from roam_cli.runtime.allocator import ArenaAllocator, planned_requests, slow_nodes
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
     RTOL,
@@ -130,7 +130,9 @@ class PlannedSession:
         level, disabled = planned_optimizations(model)
         options.graph_optimization_level = level
         self.arena = ArenaAllocator(self.device, planned=planned, plan_arena=plan["arena_bytes"],
-                                    plan_alignment=plan["alignment"]) if allocator == "roam" else None
+                                    plan_alignment=plan["alignment"],
+                                    slow_arena=plan.get("tiers", {}).get("arena_bytes", 0),
+                                    slow_nodes=slow_nodes(plan)) if allocator == "roam" else None
         if self.arena is not None:
             options = self.arena.session_options(options)
             providers = self.arena.providers()
@@ -248,6 +250,8 @@ class PlannedSession:
             figures["bytes"] = self.arena.layout["peak_live_bytes"]
             return
         figures["bytes"] = figures["bytes_held"] = self.arena.layout["arena_bytes"] + step.stats["unplanned_peak_bytes"]
+        if self.arena.layout["pools"]["slow"]["arena_bytes"]:  # a tiered plan: the slow tier's pool besides
+            figures["slow_pool_bytes"] = self.arena.layout["pools"]["slow"]["arena_bytes"]
         figures["planned_requests"] = self.arena.layout["planned_requests"]
         figures["workspace_bytes"] = self.arena.layout["workspace_bytes"]
         if step.stats["unplanned"] and not self.allow_unplanned:
@@ -393,7 +397,8 @@ def run_steps(planned, model_path, plan, steps, device, arrays, seed, learning_r
         "model": str(model_path), "provider": device, "allocator": allocator, "steps": steps, "seed": seed,
         "synthesised_inputs": synthesised,
         "plan": {"arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"],
-                 "persistent_bytes": plan["persistent_bytes"]},
+                 "persistent_bytes": plan["persistent_bytes"]} | ({"tiers": {key: plan["tiers"][key] for key in ("slow", "arena_bytes", "persistent_bytes")}}
+                    if "tiers" in plan else {}),
         "per_step": [{"step": r.number, "outputs": {n: v.tolist() for n, v in r.outputs.items() if v.size == 1},
                       "seconds": r.seconds, "memory": r.memory} for r in rows],
         "arena": planned.arena.layout if planned.arena else None,
@@ -438,9 +443,21 @@ def render_step(r: StepResult, steps: int, plan: dict) -> str:
     scalars = "  ".join(f"{name} {float(v):.6g}" for name, v in r.outputs.items() if v.size == 1)
     m = r.memory
     held = f"ORT held {format_bytes(m['bytes'])}" if m.get("bytes") is not None else "ORT held (not logged)"
+    if "slow_pool_bytes" in m:
+        held += f" + {format_bytes(m['slow_pool_bytes'])} in the {plan['tiers']['slow']} pool"
     how = ("recorded" if "recorded" in m else f"unplanned {m['unplanned']}") if "served" in m or "recorded" in m else ""
     return (f"step {r.number:>{len(str(steps))}}/{steps}  {scalars}  {held} (plan arena "
             f"{format_bytes(plan['arena_bytes'])})  {how}  {r.seconds * 1e3:.1f} ms").rstrip()
+
+
+def pool_line(tier: str, pool: dict, later: list[dict], plan: dict) -> str:
+    """One pool of a tiered plan's run in words: its bytes against its plan arena's, and how many of
+    its requests were at their plan offsets (the least over the steps after the first)."""
+    at_plan = min(r["memory"]["pools"]["device" if tier == "device" else "slow"]["served_at_plan_offset"]
+                  for r in later)
+    planned = plan["arena_bytes"] if tier == "device" else plan["tiers"]["arena_bytes"]
+    return (f"{tier} pool {format_bytes(pool['arena_bytes'])} (plan's {tier} arena {format_bytes(planned)}), "
+            f"{at_plan} of its {pool['planned_requests']} planned requests at their plan offset")
 
 
 def render_summary(result: dict, console) -> None:
@@ -457,6 +474,9 @@ def render_summary(result: dict, console) -> None:
                  + (f"{at_plan} of {a['planned_requests']} planned requests at their plan offset; "
                     if "planned_requests" in a and rows[1:] else "")
                  + f"{unplanned} unplanned requests after step 1")
+        if "tiers" in result["plan"] and rows[1:]:
+            line += "; " + "; ".join(pool_line(tier, a["pools"][pool], later, result["plan"])
+                                     for pool, tier in (("device", "device"), ("slow", result["plan"]["tiers"]["slow"])))
     console.print(line, highlight=False, soft_wrap=True)
     if result.get("weights_from"):
         console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
