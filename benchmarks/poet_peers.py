@@ -184,18 +184,20 @@ def run_poet(python: Path, src: Path, path: Path, seconds: float, runs: Path) ->
 
 
 def run_roam(path: Path, seconds: float, runs: Path) -> dict:
+    """`roam remat` as its own command; its --json summary (status, its own energy and seconds) kept."""
     schedule = runs / f"{path.name.removesuffix('.problem.json')}.roam.schedule.json"
     schedule.unlink(missing_ok=True)
     t = time.perf_counter()
     run = subprocess.run([sys.executable, "-m", "roam_cli", "remat", str(path), "-o", str(schedule),
-                          "--time-limit", f"{seconds:g}"], capture_output=True, text=True, cwd=ROOT)
-    got = {"seconds": time.perf_counter() - t, "returncode": run.returncode,
-           "message": (run.stderr.strip() or run.stdout.strip()).splitlines()[-1:]}
+                          "--time-limit", f"{seconds:g}", "--json"], capture_output=True, text=True, cwd=ROOT)
+    got = {"seconds": time.perf_counter() - t, "returncode": run.returncode}
     if run.returncode == 0 and schedule.exists():
-        got["status"] = json.loads(schedule.read_text()).get("status", "feasible")
+        got["summary"] = json.loads(run.stdout.strip().splitlines()[-1])
+        got["status"] = got["summary"]["status"]
         got["schedule_file"] = schedule.name
     else:
         got["status"] = "infeasible" if run.returncode == 1 else "error"
+        got["message"] = (run.stderr.strip().splitlines() or [""])[-1]
     return got
 
 
