@@ -264,7 +264,9 @@ def verify(obj, model, plan_path, shapes_from_run, as_json):
     plan's pair: the model optimize read or the annotated model it wrote.
 
     Order is a topological permutation of all nodes, every transient tensor is placed for
-    its whole life, no two live tensors overlap, the arena covers every tensor.
+    its whole life, no two live tensors overlap, the arena covers every tensor. A plan with a
+    slower tier (optimize --offload) is checked per tier, the device's and the slow tier's
+    arenas apart, and every node reads its values in the tier it runs in.
 
     \b
     Example:
@@ -278,12 +280,18 @@ def verify(obj, model, plan_path, shapes_from_run, as_json):
             summary = check(imported.graph, imported.sha256, plan)
         except Violation as v:
             raise CheckFailed(f"plan invalid: {v}") from None
+    slow = summary.slow
     if as_json:
         click.echo(json.dumps({"ok": True, "nodes": summary.nodes, "placed": summary.placed,
-                               "arena_bytes": summary.arena, "peak_live_bytes": summary.peak_live}, indent=1))
+                               "arena_bytes": summary.arena, "peak_live_bytes": summary.peak_live}
+                              | ({"tiers": slow} if slow else {}), indent=1))
     elif not obj["quiet"]:
         out.print(f"plan OK: {summary.nodes} nodes in topological order, {summary.placed} tensors placed, "
-                  f"no overlaps, arena {format_bytes(summary.arena)} (peak live {format_bytes(summary.peak_live)})")
+                  f"no overlaps, {'device ' if slow else ''}arena {format_bytes(summary.arena)} "
+                  f"(peak live {format_bytes(summary.peak_live)})"
+                  + (f"; {slow['tier']}: {slow['placed']} tensors placed, arena {format_bytes(slow['arena_bytes'])} "
+                     f"(peak live {format_bytes(slow['peak_live_bytes'])}), {slow['transfers']} transfers, every read "
+                     "in its reader's tier" if slow else ""))
 
 
 @cli.command()

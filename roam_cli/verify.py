@@ -1,10 +1,17 @@
 """`roam verify`: an independent check of a plan against the model it claims to plan.
 
 Shares nothing with the planners but the loader (`onnx_import`) and the pair check (`pair`):
-lifetimes, aliasing and overlaps are recomputed here from the order and the node list alone."""
+lifetimes, aliasing and overlaps are recomputed here from the order and the node list alone.
+
+Tiers (DESIGN.md, "Memory tiers"): a model with a slower memory says so in its metadata
+(TIERS_KEY, read here on its own). A transfer reads one tier and writes the other; a node the
+host runs reads and writes the slow tier; every other node the device. A persistent tensor lives
+in the slow tier iff the record keeps it there, a transient one in the tier its producer writes,
+a view or in-place result in its base's. Each tier is checked as its own arena."""
 
 import bisect
 import heapq
+import json
 from dataclasses import dataclass
 
 from roam_cli import pair
@@ -17,6 +24,12 @@ VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 DROPOUT_REPLAY = ("com.microsoft", "DropoutGrad")
 STANDARD_REPLAY = {("", "Sub"), ("", "Where"), ("", "Div")}  # a Dropout's replay in standard ONNX
 PERSISTENT = {"parameter", "optimizer_state", "gradient_buffer", "constant", "data_input"}
+# The model's record of tiers: {"tier": "host" | "storage", "transfers": {node: "to_host" |
+# "to_device"}, "host_nodes": [node], "homes": [persistent tensor kept in the slow tier]}
+TIERS_KEY = "roam.tiers"
+DEVICE = "device"
+SLOW_TIERS = ("host", "storage")
+TRANSFER_OP = "Expand"  # a transfer copies its input: Expand to the input's own shape
 
 
 class Violation(Exception):
@@ -27,8 +40,24 @@ class Violation(Exception):
 class Summary:
     nodes: int
     placed: int
-    arena: int
+    arena: int  # the device's
     peak_live: int
+    slow: dict | None = None  # with tiers: {tier, placed, arena_bytes, peak_live_bytes, transfers}
+
+
+@dataclass(frozen=True)
+class Tiers:
+    slow: str
+    transfers: dict[str, str]  # node -> "to_host" | "to_device"
+    host_nodes: frozenset[str]
+    homes: frozenset[str]
+
+    def sides(self, node: str) -> tuple[str, str]:
+        """(the tier node reads, the tier it writes)."""
+        direction = self.transfers.get(node)
+        if direction is not None:
+            return (DEVICE, self.slow) if direction == "to_host" else (self.slow, DEVICE)
+        return (self.slow, self.slow) if node in self.host_nodes else (DEVICE, DEVICE)
 
 
 def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
@@ -132,9 +161,19 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"{name!r} overwrites the storage of {other!r} at step {w}, but {other!r} "
                                 f"is read at step {late[0]}")
 
-    arena = plan["arena_bytes"]
+    tiers = read_tiers(graph, plan)
+    tier_of = check_tiers(graph, tiers, tensors, group, root)
+    # per tier: (its arena's bytes, the plan's peak live and persistent bytes there)
+    stated = {DEVICE: (plan["arena_bytes"], plan["peak_live_bytes"], plan["persistent_bytes"])}
+    if tiers is not None:
+        slow = plan["tiers"]
+        stated[tiers.slow] = (slow["arena_bytes"], slow["peak_live_bytes"], slow["persistent_bytes"])
+
+    def arena_name(tier: str) -> str:
+        return "arena" if tiers is None else f"{tier} arena"
+
     alignment = plan["alignment"]
-    placed = []
+    placed: dict[str, list] = {tier: [] for tier in stated}
     outputs = set(graph.outputs)
     for r, names_in_group in group.items():
         t = tensors[r]
@@ -155,19 +194,38 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                             f"used over {first}..{need_last}")
         if t["last_step"] > last:
             raise Violation(f"{r!r} lives until step {t['last_step']}, past the plan's last step {last}")
-        check_placement(repr(r), t["offset"], t["bytes"], alignment, arena)
-        placed.append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
+        tier = tier_of[r]
+        check_placement(repr(r), t["offset"], t["bytes"], alignment, stated[tier][0], arena_name(tier))
+        placed[tier].append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
 
-    scratch = []
+    scratch = []  # the device's
     for w in plan.get("workspace", ()):
         where = f"workspace of {w['node']!r}"
         if step.get(w["node"]) != w["step"]:
             raise Violation(f"{where} is at step {w['step']}, but the node is at step {step.get(w['node'], 'none')}")
-        check_placement(where, w["offset"], w["bytes"], alignment, arena)
+        check_placement(where, w["offset"], w["bytes"], alignment, stated[DEVICE][0], arena_name(DEVICE))
         scratch.append((w["step"], w["step"], w["offset"], w["bytes"], where))
 
-    check_overlaps(placed + scratch)
+    peaks = {}
+    for tier, (_, stated_peak, stated_persistent) in stated.items():
+        check_overlaps(placed[tier] + (scratch if tier == DEVICE else []))
+        where = "" if tiers is None else f" in the {tier} tier"
+        peaks[tier] = peak_live(placed[tier], last)
+        if stated_peak != peaks[tier]:
+            raise Violation(f"plan states peak live {stated_peak} bytes{where}; its tensors give {peaks[tier]}")
+        persistent = sum(t["bytes"] for name, t in tensors.items()
+                         if t["offset"] is None and "alias_of" not in t and tier_of[name] == tier)
+        if stated_persistent != persistent:
+            raise Violation(f"plan states {stated_persistent} persistent bytes{where}; its tensors give {persistent}")
+    summary = Summary(len(names), len(placed[DEVICE]), stated[DEVICE][0], peaks[DEVICE])
+    if tiers is not None:
+        check_transfer_records(graph, tiers, plan.get("offload", {}).get("transfers", ()), step, readers)
+        summary.slow = {"tier": tiers.slow, "placed": len(placed[tiers.slow]), "arena_bytes": stated[tiers.slow][0],
+                        "peak_live_bytes": peaks[tiers.slow], "transfers": len(tiers.transfers)}
+    return summary
 
+
+def peak_live(placed: list[tuple[int, int, int, int, str]], last: int) -> int:
     delta = [0] * (last + 2)
     for first, end, _, size, _ in placed:
         delta[first] += size
@@ -176,12 +234,101 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
     for s in range(last + 1):
         live += delta[s]
         peak = max(peak, live)
-    if plan["peak_live_bytes"] != peak:
-        raise Violation(f"plan states peak live {plan['peak_live_bytes']} bytes; its tensors give {peak}")
-    persistent = sum(t["bytes"] for t in tensors.values() if t["offset"] is None and "alias_of" not in t)
-    if plan["persistent_bytes"] != persistent:
-        raise Violation(f"plan states {plan['persistent_bytes']} persistent bytes; its tensors give {persistent}")
-    return Summary(len(names), len(placed), arena, peak)
+    return peak
+
+
+def read_tiers(graph: Graph, plan: dict) -> Tiers | None:
+    """The model's record of tiers (None: one memory, the device's), which the plan's `tiers`
+    must match; each transfer a copy of its input."""
+    recorded, planned = graph.metadata.get(TIERS_KEY), plan.get("tiers")
+    if recorded is None or planned is None:
+        if recorded is not None or planned is not None:
+            raise Violation(f"the plan has {'no' if planned is None else 'a ' + str(planned.get('slow'))} slow tier, "
+                            f"but the model's metadata {'records' if recorded is not None else 'has no'} "
+                            f"tiers ({TIERS_KEY!r})")
+        return None
+    try:
+        meta = json.loads(recorded)
+        tiers = Tiers(meta["tier"], dict(meta["transfers"]), frozenset(meta.get("host_nodes", ())),
+                      frozenset(meta.get("homes", ())))
+        assert tiers.slow in SLOW_TIERS and set(tiers.transfers.values()) <= {"to_host", "to_device"}
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise Violation(f"the model's metadata {TIERS_KEY!r} is not a record of tiers "
+                        "({tier, transfers: {node: to_host|to_device}, host_nodes, homes})") from None
+    if planned.get("slow") != tiers.slow:
+        raise Violation(f"the plan's slow tier is {planned.get('slow')!r}, the model's {tiers.slow!r}")
+    nodes = {n.name: n for n in graph.nodes}
+    unknown = next((n for n in [*tiers.transfers, *tiers.host_nodes] if n not in nodes), None)
+    if unknown is not None:
+        raise Violation(f"the model's {TIERS_KEY!r} names node {unknown!r}, which the model does not have")
+    if "host_nodes" in planned and set(planned["host_nodes"]) != tiers.host_nodes:
+        raise Violation(f"the plan's host nodes differ from those the model's {TIERS_KEY!r} names")
+    for name in tiers.transfers:
+        n = nodes[name]
+        source, copy = graph.values.get(n.inputs[0] if n.inputs else ""), graph.values.get(n.outputs[0])
+        if n.op_type != TRANSFER_OP or len(n.outputs) != 1 or source is None or copy is None \
+                or (source.dtype, source.shape) != (copy.dtype, copy.shape):
+            raise Violation(f"transfer {name!r} is not a copy of its input ({TRANSFER_OP} to the input's own shape)")
+    return tiers
+
+
+def check_tiers(graph: Graph, tiers: Tiers | None, tensors: dict[str, dict], group: dict[str, list[str]],
+                root) -> dict[str, str]:
+    """Each tensor's tier (name -> tier), after checking that the plan says the same and that
+    every node reads and writes only the tier it runs in. A tensor of no bytes is in no tier."""
+    def sides(node: str) -> tuple[str, str]:
+        return (DEVICE, DEVICE) if tiers is None else tiers.sides(node)
+
+    homes = frozenset() if tiers is None else tiers.homes
+    producer = {out: n.name for n in graph.nodes for out in n.outputs}
+    stray = next((h for h in sorted(homes) if h not in tensors or tensors[h]["offset"] is not None
+                  or "alias_of" in tensors[h]), None)
+    if stray is not None:
+        raise Violation(f"the model keeps {stray!r} in the {tiers.slow} tier, but the plan has no persistent tensor "
+                        "of that name")
+    tier_of = {}
+    for r, members in group.items():
+        if tensors[r]["offset"] is None:
+            tier = tiers.slow if r in homes else DEVICE
+        else:
+            tier = sides(producer[r])[1] if r in producer else DEVICE  # no producer: refused where it is placed
+        for name in members:
+            tier_of[name] = tier
+            said = tensors[name].get("tier")
+            if (said or DEVICE) != tier and (said is not None or name == r):
+                raise Violation(f"the plan puts {name!r} in the {said or DEVICE} tier, but it lives in the {tier} "
+                                f"tier ({'kept there by the model' if r in homes else 'where its producer writes'})")
+    if tiers is None:
+        return tier_of
+    for n in graph.nodes:
+        reads, writes = sides(n.name)
+        for x in n.inputs:
+            if x and graph.values[x].nbytes and tier_of[x] != reads:
+                raise Violation(f"node {n.name!r} reads the {reads} tier, but {x!r} lives in the {tier_of[x]} tier "
+                                "(no transfer brings it there)")
+        for out in n.outputs:
+            if out and graph.values[out].nbytes and root(out) != out and tier_of[out] != writes:
+                raise Violation(f"node {n.name!r} writes the {writes} tier, but {out!r} shares the storage of "
+                                f"{root(out)!r} in the {tier_of[out]} tier")
+    return tier_of
+
+
+def check_transfer_records(graph: Graph, tiers: Tiers, records, step: dict[str, int],
+                           readers: dict[str, list[int]]) -> None:
+    """Each transfer the plan lists is one of the model's, in its direction, with its bytes, at its
+    step, and needed at the step of its output's first reader."""
+    nodes = {n.name: n for n in graph.nodes}
+    for record in records:
+        name = record["node"]
+        if tiers.transfers.get(name) != record["direction"]:
+            raise Violation(f"the plan lists transfer {name!r} {record['direction']}, but the model's "
+                            f"{TIERS_KEY!r} has {'it ' + tiers.transfers[name] if name in tiers.transfers else 'no such transfer'}")
+        out = nodes[name].outputs[0]
+        first_reader = min(readers.get(out, ()), default=None)
+        actual = {"bytes": graph.values[out].nbytes, "step": step[name], "needed_at": first_reader}
+        for key, value in actual.items():
+            if (key == "bytes" and record[key] < value) or (key != "bytes" and record[key] != value):
+                raise Violation(f"the plan lists transfer {name!r} with {key} {record[key]}, but it is {value}")
 
 
 def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
@@ -259,11 +406,11 @@ def standard_replay(dropout: Node, chain: list[Node], initializers: set[str], re
         raise Violation(f"the replay of {dropout.name!r} reads other tensors than its input, mask, ratio and mode")
 
 
-def check_placement(what: str, offset: int, size: int, alignment: int, arena: int) -> None:
+def check_placement(what: str, offset: int, size: int, alignment: int, arena: int, arena_name: str = "arena") -> None:
     if offset % alignment:
         raise Violation(f"{what} offset {offset} is not a multiple of the alignment {alignment}")
     if offset + size > arena:
-        raise Violation(f"{what} ends at {offset + size}, past the arena ({arena} bytes)")
+        raise Violation(f"{what} ends at {offset + size}, past the {arena_name} ({arena} bytes)")
 
 
 def check_overlaps(placed: list[tuple[int, int, int, int, str]]) -> None:
