@@ -762,9 +762,15 @@ def remat_poet(obj, problem_path: Path, schedule_in: Path | None, out_path: Path
 @click.option("--solver", type=click.Choice(milp.SOLVERS), default="cbc", show_default=True,
               help="MILP solver of the ordering, layout and recompute programs.")
 @click.option("--jobs", type=JOBS, default=os.cpu_count() or 1, show_default=True, help="Parallel solver processes.")
+@click.option("--offload", type=click.Choice(SLOW_TIERS), default=None,
+              help="The device-memory / estimated-time front with a slower tier instead, the fixed policies "
+                   "(save_on_cpu, ZeRO-Offload, recompute only...) beside it.")
+@click.option("--device", "device_profile", default=None, metavar="PROFILE",
+              help=f"Device profile of --offload's estimates [default: {cost_profile.DEFAULT}].")
 @click.option("--json", "as_json", is_flag=True, help="Print front.json's points as JSON.")
 @click.pass_obj
-def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, time_limit, solver, jobs, as_json):
+def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, time_limit, solver, jobs, offload,
+             device_profile, as_json):
     """The memory / extra-FLOPs front of the training step MODEL: plans from keeping every
     forward value through `--recompute free` to the most recomputation roam can plan, each
     verified; dominated plans dropped, so that less memory always costs more FLOPs.
@@ -775,9 +781,28 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, t
       roam tradeoff full_step.onnx -o front.json --points 12 --plans plans/ --time-limit 600
       roam tradeoff full_step.onnx -o front.json --plot pictures/ --mark 'PyTorch eager=3.46GiB' \\
           --mark 'checkpointing=2.32GiB@23.3%'
+      roam tradeoff full_step.onnx -o front.json --offload host --device pcie-gen5-gpu
     """
     check_output_path(front_path, [model])
     milp.check_solver(solver)
+    if offload is not None:
+        if plans_dir or plot_dir or marks:
+            raise RoamError("--offload's front is written as front.json and printed: leave out --plans, --plot and --mark")
+        if device_profile is not None:
+            cost_profile.load(device_profile)
+        options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), time_limit=time_limit, jobs=jobs,
+                                   solver=solver, offload=offload, device=device_profile)
+        with Progress(obj["quiet"]) as progress:
+            front = tradeoff_mod.offload_front(model, options, points, progress)
+        write_atomic(front_path, json.dumps(front, indent=1) + "\n")
+        if as_json:
+            click.echo(json.dumps(front, indent=1))
+        elif not obj["quiet"]:
+            render_offload_front(front)
+            out.print(f"wrote {front_path}", highlight=False)
+        return
+    if device_profile is not None:
+        raise RoamError("--device weighs --offload's plans: give --offload host|storage too")
     references = []
     for m in marks:
         name, sep, value = m.partition("=")
@@ -822,6 +847,24 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, t
     if len(front["points"]) < points:
         err.print(f"note: the front has {len(front['points'])} points, fewer than the {points} asked for: no other "
                   "budget gave a plan that is not dominated")
+
+
+def render_offload_front(front: dict) -> None:
+    from rich.table import Table
+
+    table = Table(title=f"device memory / estimated time front of {front['model']} ({front['offload']} tier, "
+                        f"{front['profile']}; times are estimates)", title_justify="left")
+    for column in ("plan", "device bytes", "est. step time", "transfers", "dominated by"):
+        table.add_column(column, justify="left" if column in ("plan", "dominated by") else "right")
+    for p in front["points"]:
+        table.add_row(f"front: {report_mod.POLICY_NAMES.get(p['policy'], p['policy'])}", format_bytes(p["device_bytes"]),
+                      report_mod.format_seconds(p["seconds"]), f"{p['transfers']:,}", "")
+    for p in front["policies"]:
+        by = p["dominated_by"]
+        table.add_row(f"policy: {report_mod.POLICY_NAMES.get(p['policy'], p['policy'])}", format_bytes(p["device_bytes"]),
+                      report_mod.format_seconds(p["seconds"]), f"{p['transfers']:,}",
+                      "—" if by is None else f"{format_bytes(by['device_bytes'])} at {report_mod.format_seconds(by['seconds'])}")
+    out.print(table)
 
 
 def plan_name(k: int) -> str:

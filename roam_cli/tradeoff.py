@@ -22,6 +22,7 @@ from roam_cli.core import memory, plan as plan_io
 from roam_cli.core.errors import RoamError
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import import_model
+from roam_cli.offload import planner as offload_planner, policies as offload_policies
 from roam_cli.verify import Violation, verify
 
 MIN_POINTS = 2  # the two ends
@@ -163,3 +164,40 @@ def mark(name: str, total_bytes: int, extra: str | None, step_flops: int) -> dic
     if pct < 0:
         raise RoamError(f"--mark {name}: extra FLOPs {extra!r} is negative")
     return {"name": name, "total_bytes": total_bytes, "extra_flops_pct": pct}
+
+
+def offload_front(model_path: Path, options: pipeline.Options, points: int, say=lambda m: None) -> dict:
+    """The device-memory / estimated-time front of the step with a slower tier (`roam tradeoff
+    --offload`): the offload planner's candidates (offload.planner.weigh) at budgets from what
+    keeping everything needs down to a fifth of it, each fixed policy's device bytes less one
+    alignment unit among them (where a plan beats it, if any does). A point is on the front when
+    no other needs no more device bytes and no more time; each fixed policy is reported with the
+    front's point that dominates it (less device memory at no more estimated time), if one does."""
+    if points < MIN_POINTS:
+        raise RoamError(f"--points must be at least {MIN_POINTS} (the two ends), got {points}")
+    start = time.perf_counter()
+    imported = import_model(model_path, options.dims, options.shapes_from_run)
+    mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
+
+    def plan_model(i, m, o, given=None):
+        return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, given)
+
+    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [])
+    keep = next(c.device_bytes for c in fixed if c.policy == "keep")
+    floor = offload_policies.working_set(imported.graph, mm)[0]
+    spread = [keep * (points - k) // points for k in range(1, points)]
+    budgets = sorted({b for b in spread + [c.device_bytes - options.alignment for c in fixed] if b >= floor})
+    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets)
+    rows = [{"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,
+             "energy_joules": c.estimate.energy_joules, "transfers": len(c.transfers)} for c in candidates]
+    front = []
+    for r in sorted(rows, key=lambda r: (r["seconds"], r["device_bytes"])):  # fastest first
+        if not front or r["device_bytes"] < front[-1]["device_bytes"]:
+            front.append(r)
+    policies = []
+    for r in rows[:5]:  # the fixed policies, as weigh lists them first
+        better = [p for p in front if p["device_bytes"] < r["device_bytes"] and p["seconds"] <= r["seconds"]]
+        policies.append(r | {"dominated_by": min(better, key=lambda p: p["device_bytes"]) if better else None})
+    return {"model": str(model_path), "dims": options.dims, "offload": options.offload, "profile": profile.name,
+            "points": sorted(front, key=lambda r: -r["device_bytes"]), "policies": policies,
+            "plans_weighed": len(candidates), "budgets": budgets, "seconds": time.perf_counter() - start}

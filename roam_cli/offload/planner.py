@@ -48,25 +48,30 @@ class Candidate:
                 "estimate": self.estimate.as_dict()}
 
 
-def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -> Any:
-    """The plan of the least estimated cost that fits options.budget. `plan_model(imported, mm,
-    options)` orders and lays out a graph and returns the pipeline's Result."""
-    start = time.perf_counter()
+def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, budgets: list[int]
+          ) -> tuple[list[Candidate], profile_mod.Profile]:
+    """Every candidate planned: the fixed policies, and for each budget none of them fits (but
+    save_on_cpu, the most transfers) the placements grown to fit it. `plan_model(imported, mm,
+    options[, given])` orders and lays out a graph and returns the pipeline's Result. A placement
+    is planned once, however many budgets grow through it."""
     profile = profile_mod.load(options.device or profile_mod.DEFAULT)
-    objective = options.objective
-    if objective not in OBJECTIVES:
-        raise RoamError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {objective!r}")
-    if objective == "energy" and profile.energy_per_flop is None:
+    if options.objective not in OBJECTIVES:
+        raise RoamError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
+    if options.objective == "energy" and profile.energy_per_flop is None:
         raise RoamError(f"--objective energy: device profile {profile.name!r} has no energy figures")
-    budget, slow = options.budget, options.offload
+    slow = options.offload
     floor, node = policies.working_set(imported.graph, mm)
-    if budget is not None and budget < floor:
-        raise CheckFailed(f"--budget {budget} bytes is below node {node!r}'s working set: {floor} bytes of its "
+    if budgets and min(budgets) < floor:
+        raise CheckFailed(f"--budget {min(budgets)} bytes is below node {node!r}'s working set: {floor} bytes of its "
                           "inputs and outputs are on the device at once, wherever the rest lives")
     each = replace(options, time_limit=None if options.time_limit is None else max(options.time_limit / 12, 1.0))
+    made: dict[tuple, Candidate] = {}
 
     def planned(policy: str, source: Imported, source_mm: memory.MemoryModel, placement: Placement,
                 recomputing: dict | None = None) -> Candidate:
+        key = (id(source), placement)
+        if key in made:
+            return made[key]
         say(f"planning {policy}" + (f", {len(placement.offloaded)} values offloaded" if placement.offloaded else ""))
         rewritten, transfers = rewrite.rewrite(source, source_mm, placement)
         new_mm = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
@@ -79,11 +84,9 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
             moved = sum(a != b for a, b in zip(order, early))
             result = plan_model(rewritten, new_mm, each, (early, stats | {"prefetch_moved_steps": moved}))
             order = early
-        return Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
-                         tuple(sorted(placement.offloaded)), transfers, recomputing)
-
-    def cost(c: Candidate) -> float:
-        return c.estimate.seconds if objective == "time" else c.estimate.energy_joules
+        made[key] = Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
+                              tuple(sorted(placement.offloaded)), transfers, recomputing)
+        return made[key]
 
     graph = imported.graph
     fewest = recompute.fewest_bytes(graph, mm)
@@ -97,17 +100,34 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
         planned("recompute_only", recomputed, recomputed_mm, Placement(slow), recompute_record),
     ]
     fixed = {c.policy: c for c in candidates}
-    if budget is not None and not any(c.device_bytes <= budget for c in candidates if c.policy != "save_on_cpu"):
-        free = recompute.free(graph, mm)
-        cheap, cheap_record = recompute.apply(imported, mm, free, "free")
-        cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
+    cheap = None
+    for budget in sorted(budgets, reverse=True):
+        if any(c.device_bytes <= budget for c in fixed.values() if c.policy != "save_on_cpu"):
+            continue
+        if cheap is None:
+            free = recompute.free(graph, mm)
+            cheap_graph, cheap_record = recompute.apply(imported, mm, free, "free")
+            cheap = (cheap_graph, memory.build(cheap_graph.graph, options.alignment, options.inplace, options.loss),
+                     cheap_record)
         for source, source_mm, everything, start_from, recomputing in (
                 (imported, mm, None, fixed["keep"], None), (imported, mm, False, fixed["zero_offload"], None),
-                (imported, mm, True, fixed["all_on_host"], None), (cheap, cheap_mm, True, None, cheap_record)):
+                (imported, mm, True, fixed["all_on_host"], None), (cheap[0], cheap[1], True, None, cheap[2])):
             grown = grow(planned, source, source_mm, slow, everything, budget, start_from, recomputing)
-            candidates.extend(grown)
+            candidates.extend(c for c in grown if c not in candidates)
             if grown and grown[-1].device_bytes <= budget and everything is None:
                 break  # activations alone were enough: the optimizer stays on the device
+    return candidates, profile
+
+
+def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -> Any:
+    """The plan of the least estimated cost (options.objective) that fits options.budget (see weigh)."""
+    start = time.perf_counter()
+    budget, slow, objective = options.budget, options.offload, options.objective
+    candidates, profile = weigh(imported, mm, options, plan_model, say, [] if budget is None else [budget])
+
+    def cost(c: Candidate) -> float:
+        return c.estimate.seconds if objective == "time" else c.estimate.energy_joules
+
     fitting = [c for c in candidates if budget is None or c.device_bytes <= budget]
     if not fitting:
         least = min(candidates, key=lambda c: c.device_bytes)
