@@ -364,7 +364,9 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
         "plan": {"order_strategy": plan["stats"]["order"]["strategy"],
                  "layout_strategy": plan["stats"]["layout"]["strategy"],
                  "arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"],
-                 "persistent_bytes": plan["persistent_bytes"]},
+                 "persistent_bytes": plan["persistent_bytes"]}
+                | ({"tiers": {key: plan["tiers"][key] for key in ("slow", "arena_bytes", "peak_live_bytes")}}
+                   if "tiers" in plan else {}),
         "order": order,
         "compared": {"graph_outputs": len(graph.outputs), "inputs_updated_in_place": len(updated)},
         "annotated_run": annotated_run,
@@ -409,6 +411,10 @@ def render(r: dict, console: Console) -> None:
                        cell(r["ort_arena_bytes"][key]["same_as_requested"]))
     memory.add_row("roam plan: arena (peak live)",
                    f"{format_bytes(r['plan']['arena_bytes'])} ({format_bytes(r['plan']['peak_live_bytes'])})", "")
+    if "tiers" in r["plan"]:  # the replay's second arena
+        t = r["plan"]["tiers"]
+        memory.add_row(f"roam plan: {t['slow']} arena (peak live)",
+                       f"{format_bytes(t['arena_bytes'])} ({format_bytes(t['peak_live_bytes'])})", "")
     console.print(memory)
     for note in r["notes"]:
         console.print(f"[dim]note: {note}[/dim]")

@@ -1,7 +1,8 @@
 """Arena replay, the reference plan consumer: run the graph in plan order, node by node, every
 tensor at the address the plan gives it.
 
-One buffer of `arena_bytes` holds every transient tensor at `arena + offset`; a view or an
+One buffer of `arena_bytes` holds every transient tensor at `arena + offset` (a plan that
+offloads has a second, of `tiers.arena_bytes`, for the tensors of its slow `tier`); a view or an
 in-place result lives at its root's address; persistent tensors (inputs, initializers, Constant
 outputs) get buffers of their own. Each node runs in a single-node ONNX Runtime session whose
 inputs and outputs are bound (IOBinding) to those addresses, so ONNX Runtime allocates nothing the
@@ -72,10 +73,11 @@ def storage_roots(graph: Graph, plan: dict) -> dict[str, str]:
                 refuse(f"tensor {x!r} is in the {where}")
         if tensors[name]["bytes"] < value.nbytes or value.nbytes > graph.values[root].nbytes:
             refuse(f"tensor {name!r} needs {value.nbytes} bytes, more than the plan gives it")
-        offset = tensors[root]["offset"]
-        if offset is not None and offset + tensors[root]["bytes"] > plan["arena_bytes"]:
+        offset, tier = tensors[root]["offset"], tensors[root].get("tier")
+        size = plan["tiers"]["arena_bytes"] if tier and "tiers" in plan else plan["arena_bytes"]
+        if offset is not None and offset + tensors[root]["bytes"] > size:
             refuse(f"tensor {root!r} ends at {offset + tensors[root]['bytes']}, "
-                   f"past the arena ({plan['arena_bytes']} bytes)")
+                   f"past the {tier or 'device'} arena ({size} bytes)")
         roots[name] = root
     return roots
 
@@ -145,7 +147,9 @@ def replay(model: onnx.ModelProto, graph: Graph, plan: dict, sources: dict[str, 
     start = time.perf_counter()
     roots = storage_roots(graph, plan)
     tensors = {t["name"]: t for t in plan["tensors"]}
-    arena_np = np.full(max(plan["arena_bytes"], 1), POISON, np.uint8)
+    arenas_np = {None: np.full(max(plan["arena_bytes"], 1), POISON, np.uint8)}  # by tier: None, the device
+    if "tiers" in plan:
+        arenas_np[plan["tiers"]["slow"]] = np.full(max(plan["tiers"]["arena_bytes"], 1), POISON, np.uint8)
     own: dict[str, ort.OrtValue] = {}
     for root in dict.fromkeys(roots.values()):
         if tensors[root]["offset"] is not None:
@@ -161,10 +165,12 @@ def replay(model: onnx.ModelProto, graph: Graph, plan: dict, sources: dict[str, 
         root = roots[name]
         if root not in own:  # the plan put an input in the arena: it starts there
             offset = tensors[root]["offset"]
+            arena_np = arenas_np[tensors[root].get("tier")]
             arena_np[offset: offset + array.nbytes] = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
-    arena = ort.OrtValue.ortvalue_from_numpy(arena_np, device, 0)
+    arenas = {tier: ort.OrtValue.ortvalue_from_numpy(a, device, 0) for tier, a in arenas_np.items()}
     base = {root: v.data_ptr() for root, v in own.items()}
-    address = {name: base[r] if r in base else arena.data_ptr() + tensors[r]["offset"] for name, r in roots.items()}
+    address = {name: base[r] if r in base else arenas[tensors[r].get("tier")].data_ptr() + tensors[r]["offset"]
+               for name, r in roots.items()}
 
     kernels = Kernels(model, graph, device)
     protos = {n.name: n for n in model.graph.node}
@@ -188,11 +194,11 @@ def replay(model: onnx.ModelProto, graph: Graph, plan: dict, sources: dict[str, 
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise CheckFailed(f"replay failed at step {step} (node {name!r}, {node.op_type}): {first[:300]}") from None
 
-    final_arena = arena.numpy()
+    final_arenas = {tier: a.numpy() for tier, a in arenas.items()}
     final_own = {root: v.numpy().reshape(-1).view(np.uint8) for root, v in own.items()}
     values = {}
     for name in wanted:
         root, value = roots[name], graph.values[name]
-        raw = final_own[root] if root in final_own else final_arena[tensors[root]["offset"]:]
+        raw = final_own[root] if root in final_own else final_arenas[tensors[root].get("tier")][tensors[root]["offset"]:]
         values[name] = raw[: value.nbytes].view(numpy_dtype(graph, name)).reshape(value.shape).copy()
     return Replayed(values, len(plan["order"]), built, time.perf_counter() - start)
