@@ -249,7 +249,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--poet-src", type=Path, help="POET checkout or git directory (default: cloned into --cache)")
     ap.add_argument("--venv", type=Path, default=cache / "poet-venv")
-    ap.add_argument("--python", default=shutil.which("python3.11") or "/root/.pyenv/versions/3.11.7/bin/python",
+    pyenv_311 = Path.home() / ".pyenv" / "versions" / "3.11.7" / "bin" / "python"
+    ap.add_argument("--python", default=shutil.which("python3.11") or str(pyenv_311),
                     help="the interpreter POET's venv is made from (numpy 1.24 needs <= 3.11)")
     ap.add_argument("--cache", type=Path, default=cache, help="POET's source, its runs and the schedules")
     ap.add_argument("--problems", type=Path, default=cache / "poet-peers" / "problems")
