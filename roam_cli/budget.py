@@ -1,6 +1,7 @@
 """Memory budgets: does a plan fit, and the largest value of a symbolic dimension that fits.
 
 A plan needs its persistent bytes plus its arena: that is what a runtime following it allocates.
+A plan with a slower tier (optimize --offload) counts the device's alone, as its figures are.
 `max_value()` re-plans the model at each probed value of one symbolic dimension (a batch size),
 galloping (by doubling strides) until the plan no longer fits and then bisecting, so it always
 ends on a value n whose plan fits while n + 1's does not."""
@@ -21,10 +22,11 @@ LIMIT = 2**30
 
 
 def check(plan: dict, budget: int) -> dict:
-    """Whether the plan fits `budget` bytes; headroom < 0 is how much it is over."""
+    """Whether the plan fits `budget` bytes; headroom < 0 is how much it is over. `slow_tier`:
+    the tier whose bytes are not counted, for a plan with one."""
     needed = needed_bytes(plan)
     return {"budget_bytes": budget, "needed_bytes": needed, "fits": needed <= budget,
-            "headroom_bytes": budget - needed}
+            "headroom_bytes": budget - needed} | ({"slow_tier": plan["tiers"]["slow"]} if "tiers" in plan else {})
 
 
 def largest_fitting(needed: Callable[[int], int], budget: int, start: int = 1,

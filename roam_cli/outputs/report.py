@@ -227,11 +227,13 @@ DATA_INPUT_NOTE = ("data inputs (token ids, labels, images) are supplied by the 
 
 
 def budget_line(b: dict) -> str:
+    counted = ("persistent + arena" if "slow_tier" not in b
+               else f"on the device: persistent + arena; the {b['slow_tier']} tier's bytes are not counted")
     if b["fits"]:
         return (f"fits the budget of {format_bytes(b['budget_bytes'])}: needs {format_bytes(b['needed_bytes'])} "
-                f"(persistent + arena), {format_bytes(b['headroom_bytes'])} to spare")
+                f"({counted}), {format_bytes(b['headroom_bytes'])} to spare")
     return (f"does NOT fit the budget of {format_bytes(b['budget_bytes'])}: needs {format_bytes(b['needed_bytes'])} "
-            f"(persistent + arena), {format_bytes(-b['headroom_bytes'])} over")
+            f"({counted}), {format_bytes(-b['headroom_bytes'])} over")
 
 
 def ort_effect(plan: dict) -> dict | None:
