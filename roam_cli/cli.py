@@ -790,8 +790,8 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, t
             raise RoamError("--offload's front is written as front.json and printed: leave out --plans, --plot and --mark")
         if device_profile is not None:
             cost_profile.load(device_profile)
-        options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), time_limit=time_limit, jobs=jobs,
-                                   solver=solver, offload=offload, device=device_profile)
+        options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), layout=layout.STRATEGIES[0],
+                                   time_limit=time_limit, jobs=jobs, solver=solver, offload=offload, device=device_profile)
         with Progress(obj["quiet"]) as progress:
             front = tradeoff_mod.offload_front(model, options, points, progress)
         write_atomic(front_path, json.dumps(front, indent=1) + "\n")

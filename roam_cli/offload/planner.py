@@ -99,23 +99,33 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         planned("all_on_host", imported, mm, policies.update_on_host(graph, mm, slow, everything=True)),
         planned("recompute_only", recomputed, recomputed_mm, Placement(slow), recompute_record),
     ]
-    fixed = {c.policy: c for c in candidates}
-    cheap = None
+    if not budgets:
+        return candidates, profile
+    free = recompute.free(graph, mm)
+    cheap, cheap_record = recompute.apply(imported, mm, free, "free")
+    cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
+    # the placements grown, each on the graph as it is and with `free` recomputation
+    bases = [(source, source_mm, everything, record)
+             for everything in (None, False, True)
+             for source, source_mm, record in ((imported, mm, None), (cheap, cheap_mm, cheap_record))]
+
+    def cost(c: Candidate) -> float:
+        return c.estimate.seconds if options.objective == "time" else c.estimate.energy_joules
+
     for budget in sorted(budgets, reverse=True):
-        if any(c.device_bytes <= budget for c in fixed.values() if c.policy != "save_on_cpu"):
-            continue
-        if cheap is None:
-            free = recompute.free(graph, mm)
-            cheap_graph, cheap_record = recompute.apply(imported, mm, free, "free")
-            cheap = (cheap_graph, memory.build(cheap_graph.graph, options.alignment, options.inplace, options.loss),
-                     cheap_record)
-        for source, source_mm, everything, start_from, recomputing in (
-                (imported, mm, None, fixed["keep"], None), (imported, mm, False, fixed["zero_offload"], None),
-                (imported, mm, True, fixed["all_on_host"], None), (cheap[0], cheap[1], True, None, cheap[2])):
-            grown = grow(planned, source, source_mm, slow, everything, budget, start_from, recomputing)
-            candidates.extend(c for c in grown if c not in candidates)
-            if grown and grown[-1].device_bytes <= budget and everything is None:
-                break  # activations alone were enough: the optimizer stays on the device
+        started = [(planned(GROWN[everything] if record is None else GROWN[everything] + "+free",
+                            source, source_mm, base_placement(source, source_mm, slow, everything), record),
+                    source, source_mm, everything, record) for source, source_mm, everything, record in bases]
+        for c, *_ in started:
+            if c not in candidates:
+                candidates.append(c)
+        for start_from, source, source_mm, everything, record in sorted(started, key=lambda b: cost(b[0])):
+            best = min((cost(c) for c in candidates if c.device_bytes <= budget), default=None)
+            if best is not None and cost(start_from) >= best:
+                continue  # offloading more only adds transfers to a plan already slower than one that fits
+            for c in grow(planned, start_from, source, source_mm, slow, everything, budget, record, profile):
+                if c not in candidates:
+                    candidates.append(c)
     return candidates, profile
 
 
@@ -157,29 +167,37 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
     return result
 
 
-def grow(planned, source: Imported, source_mm: memory.MemoryModel, slow: str, everything: bool | None,
-         budget: int, start_from: Candidate | None, recomputing: dict | None) -> list[Candidate]:
-    """Plans of one placement (`everything` None: the optimizer on the device; False: ZeRO-Offload's;
-    True: every persistent byte on the host) with more and more forward values offloaded, the
-    largest first, each round offloading at least the last plan's excess, until one fits or
-    nothing is left to offload. `start_from`: the placement's plan with nothing offloaded, when
-    made already. The last plan made is the last of the list."""
-    graph = source.graph
-    base = (Placement(slow) if everything is None
-            else policies.update_on_host(graph, source_mm, slow, everything=everything))
-    sizes = policies.offloadable(graph, source_mm)
-    ranked = sorted(sizes, key=lambda v: (-sizes[v], v))
-    name = {None: "planned", False: "planned+zero_offload", True: "planned+all_on_host"}[everything]
+GROWN = {None: "planned", False: "planned+zero_offload", True: "planned+all_on_host"}
+
+
+def base_placement(source: Imported, source_mm: memory.MemoryModel, slow: str, everything: bool | None) -> Placement:
+    """A grown placement's start (`everything` None: the optimizer on the device; False:
+    ZeRO-Offload's; True: every persistent byte on the host), nothing offloaded yet."""
+    if everything is None:
+        return Placement(slow)
+    return policies.update_on_host(source.graph, source_mm, slow, everything=everything)
+
+
+def grow(planned, start_from: Candidate, source: Imported, source_mm: memory.MemoryModel, slow: str,
+         everything: bool | None, budget: int, recomputing: dict | None, profile) -> list[Candidate]:
+    """Plans of a placement (start_from's) with more and more forward values offloaded, each round
+    offloading at least the last plan's excess more, until one fits or nothing is left to offload.
+    The values go in order of how well their transfers hide (timing.hidden_share, in start_from's
+    order), the largest first among equals. The last plan made is the last of the list."""
+    sizes = policies.offloadable(source.graph, source_mm)
+    hidden = timing.hidden_share(start_from.result.imported.graph, start_from.result.mm,
+                                 start_from.result.plan["order"], sizes, profile)
+    ranked = sorted(sizes, key=lambda v: (-hidden[v], -sizes[v], v))
+    base = base_placement(source, source_mm, slow, everything)
     made: list[Candidate] = []
-    taken, excess = 0, None if start_from is None else start_from.device_bytes - budget
+    taken, excess = 0, start_from.device_bytes - budget
     for _ in range(GROW_ROUNDS):
-        if excess is not None:
-            want = sum(sizes[v] for v in ranked[:taken]) + max(excess, 1)
-            while taken < len(ranked) and sum(sizes[v] for v in ranked[:taken]) < want:
-                taken += 1
-        made.append(planned(name, source, source_mm, replace(base, offloaded=frozenset(ranked[:taken])),
-                            recomputing))
-        excess = made[-1].device_bytes - budget
         if excess <= 0 or taken == len(ranked):
             break
+        want = sum(sizes[v] for v in ranked[:taken]) + excess
+        while taken < len(ranked) and sum(sizes[v] for v in ranked[:taken]) < want:
+            taken += 1
+        made.append(planned(GROWN[everything] + ("+free" if recomputing else ""), source, source_mm, replace(base, offloaded=frozenset(ranked[:taken])),
+                            recomputing))
+        excess = made[-1].device_bytes - budget
     return made

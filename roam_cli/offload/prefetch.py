@@ -7,20 +7,16 @@ as far as the live bytes at every step it passes stay within the order's peak an
 ready, so that the plan's device bytes do not change. The order it returns is checked whole: if
 its peak is over the given order's, the given order is returned."""
 
-from roam_cli.cost.estimate import DEVICE as DEVICE_STEP, TO_DEVICE
-from roam_cli.cost.profile import Profile, op_class
+from roam_cli.cost.estimate import TO_DEVICE
+from roam_cli.cost.profile import Profile
 from roam_cli.core.graph import Graph
 from roam_cli.core.memory import DEVICE, MemoryModel, lifetimes, peak_live
-from roam_cli.offload.timing import steps as timed_steps
+from roam_cli.offload import timing
 
 
 def hoist(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> list[int]:
-    steps = timed_steps(graph, mm, order)
-    covered = [0.0] * len(order)  # device compute time of each step
-    for k, s in enumerate(steps):
-        if s.kind == DEVICE_STEP:
-            covered[k] = profile.kernel_overhead + max(s.flops / profile.device_flops[op_class(s.op_type)],
-                                                       s.bytes / profile.device_memory_bandwidth)
+    steps = timing.steps(graph, mm, order)
+    covered = timing.device_seconds(profile, steps)
     spans = lifetimes(mm, order)
     live = [0] * (len(order) + 1)
     for s, (first, last) in zip(mm.storages, spans):

@@ -2,8 +2,8 @@
 each node's tier and kind (device compute, host compute, or a transfer each way), its FLOPs
 (as recomputation counts them), the bytes it reads and writes, and the steps it waits for."""
 
-from roam_cli.cost.estimate import Estimate, Step, estimate
-from roam_cli.cost.profile import Profile
+from roam_cli.cost.estimate import DEVICE as DEVICE_STEP, Estimate, Step, estimate
+from roam_cli.cost.profile import Profile, op_class
 from roam_cli.core.graph import Graph
 from roam_cli.core.memory import MemoryModel
 from roam_cli.recompute.flops import node_flops
@@ -30,3 +30,36 @@ def steps(graph: Graph, mm: MemoryModel, order: list[int]) -> list[Step]:
 def planned(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> Estimate:
     """The estimated time (and energy) of the step run in `order` on `profile`'s device."""
     return estimate(profile, steps(graph, mm, order))
+
+
+def device_seconds(profile: Profile, steps: list[Step]) -> list[float]:
+    """Each step's time on the device's compute stream, as `estimate` counts it (0 off it)."""
+    rate, bandwidth = profile.device_flops, profile.device_memory_bandwidth
+    return [profile.kernel_overhead + max(s.flops / rate[op_class(s.op_type)], s.bytes / bandwidth)
+            if s.kind == DEVICE_STEP else 0.0 for s in steps]
+
+
+def hidden_share(graph: Graph, mm: MemoryModel, order: list[str], values: dict[str, int],
+                 profile: Profile) -> dict[str, float]:
+    """For each forward value (name -> bytes), the share of its round trip (out after its last
+    forward reader, back before its first reader after the forward) that the device compute
+    between the two covers in `order` (node names): 1 when offloading it costs no time."""
+    index = graph.node_index()
+    planned = [index[name] for name in order]
+    pos = [0] * len(planned)
+    for step, i in enumerate(planned):
+        pos[i] = step
+    elapsed = [0.0]  # device seconds before each step
+    for t in device_seconds(profile, steps(graph, mm, planned)):
+        elapsed.append(elapsed[-1] + t)
+    share = {}
+    for v, nbytes in values.items():
+        readers = graph.consumers.get(v, ())
+        forward = [pos[u] for u in readers if mm.node_class[u] == "forward"]
+        after = [pos[u] for u in readers if mm.node_class[u] != "forward"]
+        out = max(forward + [pos[graph.producer[v]]])
+        back = min(after, default=out)
+        trip = 2 * profile.link_latency + nbytes / profile.to_host_bandwidth + nbytes / profile.to_device_bandwidth
+        window = elapsed[back] - elapsed[out + 1] if back > out else 0.0
+        share[v] = min(1.0, window / trip) if trip else 1.0
+    return share
