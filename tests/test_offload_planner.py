@@ -1,0 +1,104 @@
+"""The offload planner's parts on hand-built graphs (fetches moved earlier within the device's
+peak; the share of a round trip the compute hides), and the planner on the sample's step: the plan
+fits, and no fitting candidate weighed is estimated faster."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from onnx import TensorProto
+
+from roam_cli.core import memory
+from roam_cli.core.graph import Graph, Node, Value
+from roam_cli.cost.profile import Profile
+from roam_cli.offload import prefetch, timing
+
+# Every compute node takes exactly 1 s (its overhead; its FLOPs and bytes are next to nothing at
+# these rates); a transfer 1.5 s (its latency; its bytes next to nothing).
+SECOND_PER_NODE = Profile(
+    name="toy", description="hand-checkable", source="made up",
+    device_flops={"matmul": 1e12, "conv": 1e12, "other": 1e12}, device_memory_bandwidth=1e12, device_memory_bytes=10**9,
+    host_flops=1e12, host_memory_bandwidth=1e12, host_memory_bytes=10**9, link="host",
+    to_host_bandwidth=1e12, to_device_bandwidth=1e12, link_latency=1.5, duplex=True, overlap=True,
+    kernel_overhead=1.0, energy_per_flop=None, energy_per_byte_moved=None, energy_per_byte_accessed=None)
+
+
+def fetching_graph(a: int, c: int) -> Graph:
+    """x -> p:Neg -> a -> m1:Neg -> b -> m2:Neg -> c -> use:Add(c, h_dev) -> y, where h (256
+    bytes, kept on the host) comes to the device by the transfer t. a and b are `a` bytes, c and y
+    `c` bytes (float32 elements x 4)."""
+    f = TensorProto.FLOAT
+    values = {"x": Value("x", f, (a // 4,)), "a": Value("a", f, (a // 4,)), "b": Value("b", f, (a // 4,)),
+              "c": Value("c", f, (c // 4,)), "y": Value("y", f, (c // 4,)), "h": Value("h", f, (64,)),
+              "h_dev": Value("h_dev", f, (64,)), "s": Value("s", TensorProto.INT64, (0,))}
+    nodes = [Node("p", "Neg", "", ("x",), ("a",)), Node("t", "Expand", "", ("h", "s"), ("h_dev",)),
+             Node("m1", "Abs", "", ("a",), ("b",)), Node("m2", "ReduceMax", "", ("b",), ("c",)),
+             Node("use", "Add", "", ("c", "h_dev"), ("y",))]
+    tiers = {"tier": "host", "transfers": {"t": "to_device"}, "host_nodes": [], "homes": ["h"]}
+    return Graph(nodes, values, ["x"], ["h", "s"], ["y"], metadata={memory.TIERS_KEY: json.dumps(tiers)})
+
+
+P, T, M1, M2, USE = range(5)
+
+
+def test_a_fetch_moves_back_over_the_compute_that_hides_it():
+    # order p, m1, m2, t, use (the fetch right before its reader). Device bytes per step: p 1024
+    # (a); m1 2048 (a, b); m2 2048 (b, c); t 1280 (c, h_dev); use 2304 (c, h_dev, y): peak 2304.
+    # The fetch needs 1.5 s: m2 covers 1 s, m1 another, so it moves before m1, where it adds 256
+    # to 2048 (2304 <= the peak) and to m2's 2048: the order p, t, m1, m2, use, peak unchanged.
+    g = fetching_graph(1024, 1024)
+    mm = memory.build(g)
+    assert [s.tier for s in mm.storages] == ["device"] * 5 and mm.persistent_bytes == 1024 and mm.slow_persistent_bytes == 256
+    given = [P, M1, M2, T, USE]
+    early = prefetch.hoist(g, mm, given, SECOND_PER_NODE)
+    assert early == [P, T, M1, M2, USE]
+    assert memory.peak_live(mm, memory.lifetimes(mm, early))[0] == memory.peak_live(mm, memory.lifetimes(mm, given))[0] == 2304
+
+
+def test_a_fetch_stops_where_it_would_raise_the_peak():
+    # a and b 2048 bytes: m1 holds 4096, the peak; m2 3072 (b 2048, c 1024). The fetch may pass
+    # m2 (3072 + 256 <= 4096) but not m1 (4096 + 256 > 4096): p, m1, t, m2, use.
+    g = fetching_graph(2048, 1024)
+    mm = memory.build(g)
+    assert prefetch.hoist(g, mm, [P, M1, M2, T, USE], SECOND_PER_NODE) == [P, M1, T, M2, USE]
+
+
+def test_the_share_of_a_round_trip_the_compute_hides():
+    # x -> p -> a -> q -> d -> r -> e, and use:Add(a, e) after the forward. a's round trip (out
+    # after q, its last forward reader; back before use) takes 2 x 1.5 s; between them r computes
+    # for 1 s: a third of it is hidden. d is read by r only: it never comes back, nothing hides.
+    f = TensorProto.FLOAT
+    values = {v: Value(v, f, (256,)) for v in "xadey"}
+    g = Graph([Node("p", "Neg", "", ("x",), ("a",)), Node("q", "Neg", "", ("a",), ("d",)),
+               Node("r", "Neg", "", ("d",), ("e",)), Node("use", "Add", "", ("a", "e"), ("y",))],
+              values, ["x"], [], ["y"])
+    mm = memory.build(g)
+    mm.node_class = ["forward", "forward", "forward", "backward"]
+    share = timing.hidden_share(g, mm, ["p", "q", "r", "use"], {"a": 1024, "d": 1024}, SECOND_PER_NODE)
+    assert share["a"] == pytest.approx(1 / 3, rel=1e-6) and share["d"] == 0.0
+
+
+@pytest.mark.slow  # half a minute: tests/test_tiers.py plans and verifies the sample's step with --offload too
+def test_the_planner_picks_the_fastest_plan_that_fits(tmp_path):
+    roam = [sys.executable, "-m", "roam_cli"]
+    sample = Path(__file__).resolve().parent.parent / "sample_models" / "gpt2_tiny" / "training_model.onnx"
+    step = tmp_path / "step.onnx"
+    subprocess.run(roam + ["-q", "make-training-graph", str(sample), "-o", str(step), "--in-graph-optimizer"], check=True)
+    plan_path = tmp_path / "plan.json"
+    budget = 1_400_000  # about half of what keeping everything on the device needs (2.6 MiB)
+    done = subprocess.run(roam + ["-q", "optimize", str(step), "-o", str(plan_path), "--offload", "host",
+                                  "--budget", str(budget), "--time-limit", "60"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    plan = json.loads(plan_path.read_text())
+    assert plan["persistent_bytes"] + plan["arena_bytes"] <= budget
+    o = plan["offload"]
+    fitting = [c for c in o["candidates"] if c["fits"]]
+    assert {c["policy"] for c in o["candidates"]} >= {"keep", "save_on_cpu", "zero_offload", "all_on_host",
+                                                        "recompute_only"}
+    assert o["estimate"]["seconds"] == min(c["estimate"]["seconds"] for c in fitting)
+    assert all(c["device_bytes"] <= budget for c in fitting)
+    checked = subprocess.run(roam + ["verify", str(plan_path.with_name("plan.annotated.onnx")), str(plan_path)],
+                             capture_output=True, text=True)
+    assert checked.returncode == 0, checked.stdout + checked.stderr
