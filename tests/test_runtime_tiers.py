@@ -168,3 +168,13 @@ def test_execute_replays_a_tiered_plan_in_both_arenas(tiered):
     result = r.json()
     assert result["replay"]["passed"] and not result["failures"]
     assert result["plan"]["tiers"]["arena_bytes"] == json.loads((tiered / "plan.json").read_text())["tiers"]["arena_bytes"]
+
+
+def test_a_kernels_scratch_taken_before_its_output_leaves_the_output_its_plan_offset():
+    from roam_cli.runtime.allocator import PlannedTensor, match
+
+    # ORT's Where (a dropout replayed from its mask) takes two scratch buffers of its output's size
+    # first, each freed within the node, then its output
+    out = PlannedTensor("y", "where", 512, 0, 3, 9)
+    assert match([500, 512, 512], [out], 256, ["where"] * 3, [True, True, False]) == [-1, -1, 0]
+    assert match([512, 512], [out], 256, ["where"] * 2, [False, True]) == [0, -1]

@@ -152,22 +152,25 @@ def match(sizes: list[int], planned: list[PlannedTensor], alignment: int, nodes:
     (the node that ran when each request came, from ORT's profiler): a request is the first
     tensor of its node not yet matched whose bytes are its size rounded up to the plan's
     alignment, workspace first for a request freed within its node (`scratch`), outputs first
-    for the others. Without: the next planned tensor of its size within `window` places, in order."""
+    for the others; the others choose first, since a kernel may take its scratch before its
+    output (ORT's Where broadcasting its inputs). Without: the next planned tensor of its size
+    within `window` places, in order."""
     rounded = [-(-size // alignment) * alignment for size in sizes]
-    found = []
     if nodes is not None:
         outputs: dict[str, list[int]] = {}
         for j, t in enumerate(planned):
             outputs.setdefault(t.node, []).append(j)
-        for size, node, inside in zip(rounded, nodes, scratch or [False] * len(sizes)):
-            left = sorted(outputs.get(node, []), key=lambda j: planned[j].workspace != inside)
-            hit = next((j for j in left if planned[j].bytes == size), -1)
-            left = outputs.get(node, [])
+        inside = scratch or [False] * len(sizes)
+        found = [-1] * len(sizes)
+        for k in sorted(range(len(sizes)), key=lambda k: inside[k]):  # stable: in request order within each
+            left = outputs.get(nodes[k], [])
+            hit = next((j for j in sorted(left, key=lambda j: planned[j].workspace != inside[k])
+                        if planned[j].bytes == rounded[k]), -1)
             if hit >= 0:
                 left.remove(hit)
-            found.append(hit)
+                found[k] = hit
         return found
-    cursor = 0
+    found, cursor = [], 0
     for size in rounded:
         hit = next((j for j in range(cursor, min(cursor + window, len(planned))) if planned[j].bytes == size), -1)
         found.append(hit)
