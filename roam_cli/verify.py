@@ -320,9 +320,10 @@ def check_transfer_records(graph: Graph, tiers: Tiers, records, step: dict[str, 
     nodes = {n.name: n for n in graph.nodes}
     for record in records:
         name = record["node"]
-        if tiers.transfers.get(name) != record["direction"]:
-            raise Violation(f"the plan lists transfer {name!r} {record['direction']}, but the model's "
-                            f"{TIERS_KEY!r} has {'it ' + tiers.transfers[name] if name in tiers.transfers else 'no such transfer'}")
+        recorded = tiers.transfers.get(name)
+        if recorded != record["direction"]:
+            raise Violation(f"the plan lists transfer {name!r} {record['direction']}, but the model's {TIERS_KEY!r} "
+                            f"has {'no such transfer' if recorded is None else 'it ' + recorded}")
         out = nodes[name].outputs[0]
         first_reader = min(readers.get(out, ()), default=None)
         actual = {"bytes": graph.values[out].nbytes, "step": step[name], "needed_at": first_reader}
