@@ -160,7 +160,9 @@ def declared_pairs(graph: Graph, extra: dict[str, str]) -> dict[str, str]:
 
 
 def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = None,
-          loss: str | None = None) -> MemoryModel:
+          loss: str | None = None, order: list[int] | None = None) -> MemoryModel:
+    """The memory model of `graph`. With `order` (node indices, the order it runs in), ONNX
+    Runtime's in-place kernels are joined where that order lets them (see kernels_in_place)."""
     if alignment <= 0:
         raise RoamError(f"--alignment must be positive, got {alignment}")
     nodes = graph.nodes
@@ -203,7 +205,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         writes_into.setdefault(graph.producer[r], []).append(state)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
-    overwritten = kernels_in_place(graph, storage_of, root)  # joined into storage_of as found
+    overwritten = kernels_in_place(graph, storage_of, root, order)  # joined into storage_of as found
     alias.update(dict.fromkeys(overwritten, "inplace"))
     if overwritten:
         notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
@@ -320,14 +322,17 @@ def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
                  frozenset(homes))
 
 
-def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str, str]:
+def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, order: list[int] | None = None
+                     ) -> dict[str, str]:
     """Output -> input of the kernels that write their output into their input (MAY_OVERWRITE),
-    where ONNX Runtime's planner would in any order: the node is the only reader of the input's
-    storage, apart from the views and in-place writers that made the name it reads (they run
-    before it), and reads it once. The storage is a node's transient output and holds no graph
-    output nor a value ORT folds from constants; input and output have the same shape and element
-    size. Node order is topological, so a chain (Add -> Relu -> Tanh) joins one storage step by
-    step."""
+    where ONNX Runtime's planner would: the node reads the input's storage last and once. Without
+    `order`, in any order: it is the only reader of the storage, apart from the views and in-place
+    writers that made the name it reads (they run before it). With `order`, the one the step runs
+    in: every other reader runs before it (ORT counts the uses left when the node runs, so a
+    recomputing copy, which reads a saved value after the forward's reader, writes into it). The
+    storage is a node's transient output and holds no graph output nor a value ORT folds from
+    constants; input and output have the same shape and element size. Nodes are taken in the
+    order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step."""
     outputs = set(graph.outputs)
     # values computed from constants alone: ORT folds them into initializers at the session's start
     folded = set(graph.constants) | set(graph.initializers)
@@ -338,7 +343,10 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str
     for name in graph.values:
         members.setdefault(root(name), []).append(name)
     found: dict[str, str] = {}
-    for i, n in enumerate(graph.nodes):
+    running = order if order is not None else range(len(graph.nodes))
+    pos = {i: k for k, i in enumerate(running)}
+    for i in running:
+        n = graph.nodes[i]
         hint = MAY_OVERWRITE.get((n.domain, n.op_type))
         if hint is None or max(hint) >= min(len(n.inputs), len(n.outputs)):
             continue
@@ -355,7 +363,8 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root) -> dict[str
         while name in storage_of:
             chain.add(graph.producer[name])
             name = storage_of[name]
-        if any(u != i and u not in chain for name in group for u in graph.consumers.get(name, ())):
+        if any(u != i and u not in chain and (order is None or pos[u] > pos[i])
+               for name in group for u in graph.consumers.get(name, ())):
             continue
         a, b = graph.values[x], graph.values[out]
         if a.shape == b.shape and element_size(a.dtype) == element_size(b.dtype):

@@ -31,8 +31,8 @@ def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool) -
     persistent byte in the slow tier, the parameters fetched for the forward and again for the
     backward (ZeRO-Infinity's streaming)."""
     host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
-    if everything:
-        homes = {r for r in mm.persistent if mm.tensor_bytes[r]}
+    if everything:  # but constants: ONNX Runtime folds a transfer of one into an initializer it holds itself
+        homes = {r for r, kind in mm.persistent.items() if mm.tensor_bytes[r] and kind != "constant"}
     else:
         readers: dict[str, set[int]] = {}
         for i, n in enumerate(graph.nodes):

@@ -47,10 +47,11 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
     tier_of_node = [slow if i in placement.host_nodes else DEVICE for i in range(len(graph.nodes))]
 
     def tier_of(x: str) -> str:
-        root = mm.storage_of[x]
-        if root in mm.persistent:
-            return slow if root in placement.homes else DEVICE
-        return tier_of_node[graph.producer[root]]
+        """Where x lives once the graph is rewritten: a persistent tensor in its home; anything a
+        node makes (a view too: its node reads a copy in its own tier) in that node's tier."""
+        if x in graph.producer:
+            return tier_of_node[graph.producer[x]]
+        return slow if x in placement.homes else DEVICE
 
     for i, n in enumerate(graph.nodes):
         for out in n.outputs:
