@@ -78,6 +78,23 @@ def test_in_place_kernel_only_where_onnx_runtime_would(tmp_path):
     assert not {"r1", "r2", "c", "o"} & set(mm.alias)
 
 
+def test_in_place_kernel_where_the_order_runs_it_last_among_its_input_s_readers(tmp_path):
+    # a = Add(x, x), read by n = Neg(a) and s = Softmax(a); y = Add(n, s). In any order a has two
+    # readers: without an order, s gets a buffer of its own. In the order a, n, s, y, Softmax reads
+    # a last, and ONNX Runtime writes s into it: a's one buffer lives from step 0 to y at step 3,
+    # the peak three buffers at step 3 (a, n, y). In the order a, s, n, y, Neg reads a later: none.
+    m = model([node("Add", ["x", "x"], ["a"]), node("Neg", ["a"], ["n"]), node("Softmax", ["a"], ["s"]),
+               node("Add", ["n", "s"], ["y"])], [("x", [256])], [("y", [256])])
+    graph, mm, _ = plan_of(tmp_path, m)
+    assert "s" not in mm.alias and len(mm.storages) == 4
+    ran = memory.build(graph, 256, order=[0, 1, 2, 3])
+    assert ran.storage_of["s"] == "a" and ran.kind["s"] == "inplace" and len(ran.storages) == 3
+    spans = dict(zip((s.root for s in ran.storages), memory.lifetimes(ran, [0, 1, 2, 3])))
+    assert spans == {"a": (0, 3), "n": (1, 3), "y": (3, 3)}
+    assert memory.peak_live(ran, list(spans.values())) == (3 * KB, 3)
+    assert "s" not in memory.build(graph, 256, order=[0, 2, 1, 3]).alias
+
+
 def test_views_share_storage_until_the_last_use_of_any_name(tmp_path):
     # a = Relu(x); v = Reshape(a) (a view); b = Relu(x); c = Add(v, b): a's storage lives to step 3.
     shape = np.array([16, 16], dtype=np.int64)
