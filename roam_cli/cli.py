@@ -857,11 +857,11 @@ def render_offload_front(front: dict) -> None:
     for column in ("plan", "device bytes", "est. step time", "transfers", "dominated by"):
         table.add_column(column, justify="left" if column in ("plan", "dominated by") else "right")
     for p in front["points"]:
-        table.add_row(f"front: {report_mod.POLICY_NAMES.get(p['policy'], p['policy'])}", format_bytes(p["device_bytes"]),
+        table.add_row(f"front: {report_mod.policy_name(p['policy'])}", format_bytes(p["device_bytes"]),
                       report_mod.format_seconds(p["seconds"]), f"{p['transfers']:,}", "")
     for p in front["policies"]:
         by = p["dominated_by"]
-        table.add_row(f"policy: {report_mod.POLICY_NAMES.get(p['policy'], p['policy'])}", format_bytes(p["device_bytes"]),
+        table.add_row(f"policy: {report_mod.policy_name(p['policy'])}", format_bytes(p["device_bytes"]),
                       report_mod.format_seconds(p["seconds"]), f"{p['transfers']:,}",
                       "—" if by is None else f"{format_bytes(by['device_bytes'])} at {report_mod.format_seconds(by['seconds'])}")
     out.print(table)

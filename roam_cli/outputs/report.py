@@ -271,6 +271,12 @@ POLICY_NAMES = {"keep": "keep everything on the device", "save_on_cpu": "save_on
                 "all_on_host": "every persistent byte on the host (streamed)", "recompute_only": "recompute only",
                 "planned": "planned: activations offloaded", "planned+zero_offload": "planned: ZeRO-Offload + activations",
                 "planned+all_on_host": "planned: all persistent on the host + activations"}
+
+
+def policy_name(policy: str) -> str:
+    """A candidate's name as the report says it ("+free": on the graph with `free` recomputation)."""
+    base, free = policy.removesuffix("+free"), policy.endswith("+free")
+    return POLICY_NAMES.get(base, base) + (", recompute free" if free else "")
 OFFLOAD_COLUMNS = ("candidate", "device bytes", "slow tier bytes", "transfers", "est. step time", "est. energy", "fits")
 
 
@@ -295,7 +301,7 @@ def offload_lines(plan: dict) -> list[str]:
 def offload_lines_of(e: dict) -> list[str]:
     """What the tiered plan holds where and what it costs (summary's offload), in lines."""
     est = e["estimate"]
-    lines = [f"offload ({POLICY_NAMES.get(e['policy'], e['policy'])}): device {format_bytes(e['device_bytes'])}, "
+    lines = [f"offload ({policy_name(e['policy'])}): device {format_bytes(e['device_bytes'])}, "
              f"{e['slow_tier']} {format_bytes(e['slow_bytes'])} (persistent {format_bytes(e['slow_persistent_bytes'])} + "
              f"arena {format_bytes(e['slow_arena_bytes'])}); {e['transfers']:,} transfers moving "
              f"{format_bytes(e['bytes_moved']['to_host'])} out and {format_bytes(e['bytes_moved']['to_device'])} back"
@@ -315,7 +321,7 @@ def offload_rows(e: dict) -> list[tuple[str, ...]]:
     rows = []
     for c in e["candidates"]:
         est = c["estimate"]
-        rows.append((POLICY_NAMES.get(c["policy"], c["policy"]), format_bytes(c["device_bytes"]),
+        rows.append((policy_name(c["policy"]), format_bytes(c["device_bytes"]),
                      format_bytes(c["slow_bytes"]), f"{c['transfers']:,}", format_seconds(est["seconds"]),
                      "—" if est.get("energy_joules") is None else f"{est['energy_joules']:.4g} J",
                      "yes" if c["fits"] else "no"))
@@ -391,15 +397,16 @@ def headline(s: dict) -> list[tuple[str, str]]:
     rows.append(("nodes", f"{s['nodes']:,}"))
     if dims:
         rows.append(("dims", dims))
+    on = " on the device" if "offload" in s else ""  # a tiered plan: these count the device's bytes alone
     rows += [
         ("strategy", f"order {s['order_strategy']}, layout {s['layout_strategy']}"),
-        ("persistent", format_bytes(s["persistent_bytes"])),
-        ("transient peak live", format_bytes(s["peak_live_bytes"])),
+        ("persistent" + on, format_bytes(s["persistent_bytes"])),
+        ("transient peak live" + on, format_bytes(s["peak_live_bytes"])),
         *([("order", order_bound_line(s["order_bound"]))] if s["order_bound"] else []),
-        ("arena", format_bytes(s["arena_bytes"])),
+        ("arena" + on, format_bytes(s["arena_bytes"])),
         *([("workspace", workspace_line(s["workspace"]))] if s["workspace"]["buffers"] else []),
         ("fragmentation", f"{s['fragmentation']:.2%}"),
-        ("total (persistent + arena)", format_bytes(s["total_bytes"])),
+        ("total (persistent + arena)" + on, format_bytes(s["total_bytes"])),
         ("peak at step", f"{s['peak_step']} ({s['peak_node']})"),
     ]
     return rows
