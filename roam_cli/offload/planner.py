@@ -5,11 +5,11 @@ Each candidate is a placement planned in full, order and both layouts (by the pi
 its step estimated on the device profile. The fixed policies users know are candidates as they
 are: keep (everything on the device), save_on_cpu, ZeRO-Offload, every persistent byte on the host,
 and recompute only (roam's least-memory recomputation, nothing moved). From each placement that
-does not fit, the planner offloads more forward values, the largest first, replanning until the
-device's bytes (its persistent bytes + its arena) fit the budget, on the same graph and on the
-graph with `free` recomputation. The plan is the fitting candidate of the least estimated time
-(or energy); CheckFailed (exit 1) when none fits, naming the least found or the node no placement
-can fit."""
+does not fit, on the graph as it is and on the graph with `free` recomputation, the planner
+offloads more forward values, those whose round trip the compute hides best first, replanning
+until the device's bytes (its persistent bytes + its arena) fit the budget. The plan is the
+fitting candidate of the least estimated time (or energy); CheckFailed (exit 1) when none fits,
+naming the least found or the node no placement can fit."""
 
 import time
 from dataclasses import dataclass, replace
@@ -109,9 +109,6 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
              for everything in (None, False, True)
              for source, source_mm, record in ((imported, mm, None), (cheap, cheap_mm, cheap_record))]
 
-    def cost(c: Candidate) -> float:
-        return c.estimate.seconds if options.objective == "time" else c.estimate.energy_joules
-
     for budget in sorted(budgets, reverse=True):
         started = [(planned(GROWN[everything] if record is None else GROWN[everything] + "+free",
                             source, source_mm, base_placement(source, source_mm, slow, everything), record),
@@ -119,9 +116,10 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         for c, *_ in started:
             if c not in candidates:
                 candidates.append(c)
-        for start_from, source, source_mm, everything, record in sorted(started, key=lambda b: cost(b[0])):
-            best = min((cost(c) for c in candidates if c.device_bytes <= budget), default=None)
-            if best is not None and cost(start_from) >= best:
+        started.sort(key=lambda b: cost(b[0], options.objective))
+        for start_from, source, source_mm, everything, record in started:
+            best = min((cost(c, options.objective) for c in candidates if c.device_bytes <= budget), default=None)
+            if best is not None and cost(start_from, options.objective) >= best:
                 continue  # offloading more only adds transfers to a plan already slower than one that fits
             for c in grow(planned, start_from, source, source_mm, slow, everything, budget, record, profile):
                 if c not in candidates:
@@ -135,29 +133,25 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
     budget, slow, objective = options.budget, options.offload, options.objective
     candidates, profile = weigh(imported, mm, options, plan_model, say, [] if budget is None else [budget])
 
-    def cost(c: Candidate) -> float:
-        return c.estimate.seconds if objective == "time" else c.estimate.energy_joules
-
     fitting = [c for c in candidates if budget is None or c.device_bytes <= budget]
     if not fitting:
         least = min(candidates, key=lambda c: c.device_bytes)
         raise CheckFailed(f"--budget {budget} bytes cannot be met with --offload {slow}: the smallest plan roam "
                           f"found ({least.policy}) holds {least.device_bytes} bytes on the device "
                           f"(persistent {least.result.plan['persistent_bytes']} + arena {least.result.plan['arena_bytes']})")
-    chosen = min(fitting, key=lambda c: (cost(c), c.device_bytes))
+    chosen = min(fitting, key=lambda c: (cost(c, objective), c.device_bytes))
     result = chosen.result
     p = result.plan
     if chosen.recompute is not None:
         p["recompute"] = chosen.recompute
     positions = {name: step for step, name in enumerate(p["order"])}
-    readers = result.imported.graph.consumers
-    index = result.imported.graph.node_index()
+    graph = result.imported.graph
     p["offload"] = {
         "policy": chosen.policy, "profile": profile.name, "objective": objective, "budget_bytes": budget,
         "offloaded": list(chosen.offloaded),
         "transfers": [t | {"step": positions[t["node"]],
-                           "needed_at": min(positions[result.imported.graph.nodes[u].name] for u in readers[t["node"]])}
-                      for t in chosen.transfers if t["node"] in index and readers.get(t["node"])],
+                           "needed_at": min(positions[graph.nodes[u].name] for u in graph.consumers[t["node"]])}
+                      for t in chosen.transfers],
         "estimate": chosen.estimate.as_dict(),
         "candidates": [c.summary(budget) for c in candidates],
     }
@@ -165,6 +159,12 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
         p["stats"]["seconds"]["offload"] = time.perf_counter() - start - p["stats"]["seconds"]["order"] - \
             p["stats"]["seconds"]["layout"]
     return result
+
+
+def cost(c: Candidate, objective: str) -> float:
+    """What the planner minimises; energy a profile cannot estimate counts as unbounded."""
+    value = c.estimate.seconds if objective == "time" else c.estimate.energy_joules
+    return float("inf") if value is None else value
 
 
 GROWN = {None: "planned", False: "planned+zero_offload", True: "planned+all_on_host"}
