@@ -73,7 +73,8 @@ def rebuilt_graph(problem: dict) -> DFGraph:
 
 def solve(problem: dict, seconds: float) -> dict:
     """POETSolver with pulp-cbc as solve() calls it; PuLP 2.7 reports a timed-out CBC run that has
-    a schedule as LpStatusOptimal, so optimal vs feasible is read from sol_status."""
+    a schedule as LpStatusOptimal, so optimal vs feasible is read from sol_status ("infeasible":
+    CBC proved that no schedule fits)."""
     g = rebuilt_graph(problem)
     vector = lambda key: np.asarray([n[key] for n in problem["nodes"]]).reshape((-1, 1))  # noqa: E731
     start = time.perf_counter()
@@ -86,8 +87,8 @@ def solve(problem: dict, seconds: float) -> dict:
     built = time.perf_counter()
     solution = solver.solve()
     solved = time.perf_counter()
-    status = {pl.LpSolutionOptimal: "optimal", pl.LpSolutionIntegerFeasible: "feasible",
-              pl.LpSolutionInfeasible: "infeasible"}.get(solver.m.sol_status, "none")
+    status = ("infeasible" if solver.m.status == pl.LpStatusInfeasible else
+              {pl.LpSolutionOptimal: "optimal", pl.LpSolutionIntegerFeasible: "feasible"}.get(solver.m.sol_status, "none"))
     out = {"status": status, "pulp_status": pl.LpStatus[solver.m.status], "build_seconds": built - start,
            "solve_seconds": solved - built, "poet_solve_time_s": solution.solve_time_s}
     if status in ("optimal", "feasible"):

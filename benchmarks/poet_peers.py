@@ -207,13 +207,15 @@ def energy(side: dict) -> float | None:
 
 
 def shortfalls(row: dict, seconds: float) -> list[str]:
-    """Where roam misses the issue's bar on this problem: a valid schedule, within the time POET
-    was given, at no more energy than POET's schedule (1 % above where CBC proved it optimal:
+    """Where roam misses the issue's bar on this problem: a valid schedule (or, with POET, a proof
+    that none fits), within the time POET was given, at no more energy than POET's schedule (1 % above where CBC proved it optimal:
     CBC's optimum on these joule values is within about that)."""
     p, r = row["poet"], row["roam"]
     ep, er = energy(p), energy(r)
     if er is None:
-        return [f"roam {r['status']}" + (" (schedule invalid)" if "check" in r else "")]
+        if r["status"] == "infeasible" and p["status"] == "infeasible":
+            return []  # both show that no schedule fits
+        return [f"roam {r['status']}" + (" (schedule invalid)" if "check" in r else f", POET {p['status']}")]
     out = [] if r["seconds"] <= seconds else [f"roam took {r['seconds']:.1f} s"]
     if ep is not None and er > ep * (1.01 if p["status"] == "optimal" else 1.0):
         out.append(f"roam energy {100 * (er / ep - 1):+.2f} % vs POET {p['status']}")
