@@ -30,6 +30,7 @@ TIERS_KEY = "roam.tiers"
 DEVICE = "device"
 SLOW_TIERS = ("host", "storage")
 TRANSFER_OP = "Expand"  # a transfer copies its input: Expand to the input's own shape
+SHAPE_READERS = {("", "Shape"), ("", "Size")}  # they read a tensor's shape, not its bytes: from any tier
 
 
 class Violation(Exception):
@@ -300,10 +301,16 @@ def check_tiers(graph: Graph, tiers: Tiers | None, tensors: dict[str, dict], gro
                                 f"tier ({'kept there by the model' if r in homes else 'where its producer writes'})")
     if tiers is None:
         return tier_of
+    # initializers, constants and what is computed from them alone: ONNX Runtime folds them at the
+    # session's start and holds them itself, so a node of either tier reads them where they are
+    folded = set(graph.constants) | set(graph.initializers)
+    for n in graph.nodes:
+        if n.inputs and all(x in folded for x in n.inputs if x):
+            folded.update(n.outputs)
     for n in graph.nodes:
         reads, writes = sides(n.name)
-        for x in n.inputs:
-            if x and graph.values[x].nbytes and tier_of[x] != reads:
+        for x in n.inputs if (n.domain, n.op_type) not in SHAPE_READERS else ():
+            if x and graph.values[x].nbytes and tier_of[x] != reads and x not in folded:
                 raise Violation(f"node {n.name!r} reads the {reads} tier, but {x!r} lives in the {tier_of[x]} tier "
                                 "(no transfer brings it there)")
         for out in n.outputs:

@@ -28,12 +28,12 @@ W = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 
 @pytest.fixture(scope="module")
 def hand(tmp_path_factory):
-    """x, w [1, 64] (256 bytes each, the alignment) -> h = x * w -> a = Relu(h) -> loss = sum(a):
+    """x, w [1, 64] (256 bytes each, the alignment; w a graph input, as a full step's weights are) -> h = x * w -> a = Relu(h) -> loss = sum(a):
     the forward; d = h * w, y = d + a: the backward (h and a read after the forward)."""
     m = model([node("Mul", ["x", "w"], ["h"]), node("Relu", ["h"], ["a"]),
                node("ReduceSum", ["a"], ["loss"], keepdims=0),
                node("Mul", ["h", "w"], ["d"]), node("Add", ["d", "a"], ["y"])],
-              [("x", [1, 64])], [("loss", []), ("y", [1, 64])], initializers={"w": W})
+              [("x", [1, 64]), ("w", [1, 64])], [("loss", []), ("y", [1, 64])])
     imported = import_model(save(m, tmp_path_factory.mktemp("hand") / "hand.onnx"), {}, False)
     mm = memory.build(imported.graph)
     assert mm.node_class == ["forward"] * 3 + ["backward"] * 2
@@ -50,7 +50,7 @@ def svg_texts(path) -> str:
 
 def run(m: onnx.ModelProto, x: np.ndarray) -> list[np.ndarray]:
     session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return session.run(["loss", "y"], {"x": x})
+    return session.run(["loss", "y"], {"x": x, "w": W})
 
 
 def test_offloaded_activation_and_a_weight_kept_on_the_host(hand):
@@ -234,3 +234,19 @@ def test_pictures_and_exports_show_both_tiers(tiered, tmp_path):
     assert len(snapshot["device_traces"]) == 2
     assert sorted(s["total_size"] for s in snapshot["segments"] if s["device"] == 1) == sorted(
         [slow["arena_bytes"], slow["persistent_bytes"]])
+
+
+def test_folded_values_and_shape_readers_need_no_transfer(tmp_path):
+    # h = Mul(x, c) run by the host, c an initializer; n = Shape(h) and loss = ReduceSum(h) on the
+    # device. ONNX Runtime holds c itself (no copy of it to the host) and Shape reads h's shape
+    # only: the transfers are x to the host, for Mul, and h back, for ReduceSum.
+    m = model([node("Mul", ["x", "c"], ["h"]), node("Shape", ["h"], ["n"]),
+               node("ReduceSum", ["h"], ["loss"], keepdims=0)],
+              [("x", [1, 64])], [("loss", []), ("n", [2], onnx.TensorProto.INT64)], initializers={"c": W})
+    imported = import_model(save(m, tmp_path / "folded.onnx"), {}, False)
+    mm = memory.build(imported.graph)
+    new, records = rewrite(imported, mm, Placement("host", host_nodes=frozenset({0})))
+    assert [(r["node"], r["direction"]) for r in records] == [("x/to_host", "to_host"), ("h/to_device", "to_device")]
+    nodes = {n.name: n.inputs for n in new.graph.nodes}
+    assert nodes[new.graph.nodes[new.graph.producer["h"]].name] == ("x/to_host", "c")
+    assert nodes[new.graph.nodes[new.graph.producer["n"]].name] == ("h",)

@@ -334,11 +334,7 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, order: list
     constants; input and output have the same shape and element size. Nodes are taken in the
     order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step."""
     outputs = set(graph.outputs)
-    # values computed from constants alone: ORT folds them into initializers at the session's start
-    folded = set(graph.constants) | set(graph.initializers)
-    for n in graph.nodes:
-        if n.inputs and all(x in folded for x in n.inputs if x):
-            folded.update(n.outputs)
+    folded = folded_values(graph)
     members: dict[str, list[str]] = {}  # storage root -> the names in it
     for name in graph.values:
         members.setdefault(root(name), []).append(name)
@@ -372,6 +368,16 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, order: list
             storage_of[out] = x  # later nodes see the joined storage
             group.extend(members.pop(out))
     return found
+
+
+def folded_values(graph: Graph) -> set[str]:
+    """Initializers, constants, and the values computed from them alone: ONNX Runtime folds these
+    into initializers at the session's start and holds them itself, outside any arena."""
+    folded = set(graph.constants) | set(graph.initializers)
+    for n in graph.nodes:
+        if n.inputs and all(x in folded for x in n.inputs if x):
+            folded.update(n.outputs)
+    return folded
 
 
 def accumulates(graph: Graph, state: str) -> bool:

@@ -2,7 +2,7 @@
 an offload can take, and the least any placement leaves on the device."""
 
 from roam_cli.core.graph import Graph
-from roam_cli.core.memory import MemoryModel
+from roam_cli.core.memory import MemoryModel, folded_values
 from roam_cli.offload.rewrite import Placement
 from roam_cli.recompute import problem as recompute_problem
 
@@ -31,17 +31,17 @@ def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool) -
     persistent byte in the slow tier, the parameters fetched for the forward and again for the
     backward (ZeRO-Infinity's streaming)."""
     host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
-    if everything:  # but constants: ONNX Runtime folds a transfer of one into an initializer it holds itself
-        homes = {r for r, kind in mm.persistent.items() if mm.tensor_bytes[r] and kind != "constant"}
+    movable = {r for r in mm.persistent if mm.tensor_bytes[r]} - folded_values(graph)  # ORT holds the rest itself
+    if everything:
+        homes = movable
     else:
         readers: dict[str, set[int]] = {}
         for i, n in enumerate(graph.nodes):
             for x in n.inputs:
                 readers.setdefault(mm.storage_of[x], set()).add(i)
         written = {mm.storage_of[o] for i in host for o in graph.nodes[i].outputs}
-        homes = {r for r in mm.persistent if mm.tensor_bytes[r]
-                 and (r in written or (readers.get(r) and readers[r] <= host))}
-    return Placement(slow, homes=frozenset(homes & set(mm.persistent)), host_nodes=host, fetch_per_phase=everything)
+        homes = {r for r in movable if r in written or (readers.get(r) and readers[r] <= host)}
+    return Placement(slow, homes=frozenset(homes), host_nodes=host, fetch_per_phase=everything)
 
 
 def working_set(graph: Graph, mm: MemoryModel) -> tuple[int, str]:

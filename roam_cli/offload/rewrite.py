@@ -1,8 +1,10 @@
 """Add the transfers between the device and the slow tier to the graph and to its ONNX model.
 
-A node reads a value in its own tier (DESIGN.md, "Memory tiers"). Where it does not live there,
-the node reads a copy made by a transfer node: `<value>/to_host` or `<value>/to_device` (a
-second one for the backward, `<value>/to_device/backward`, when the value is fetched per phase),
+A node reads a value in its own tier (DESIGN.md, "Memory tiers"), but for the values ONNX Runtime
+folds into initializers at the session's start (memory.folded_values), which it holds itself, and
+for the ops that read a shape only (METADATA_OPS): those are read where they are. Where a value
+does not live in its reader's tier, the node reads a copy made by a transfer node:
+`<value>/to_host` or `<value>/to_device` (a second one for the backward, `<value>/to_device/backward`, when the value is fetched per phase),
 each made once and read by every node of its tier and phase. An offloaded activation goes to
 the slow tier and comes back: the nodes after the forward read `<value>/to_device`, a copy of
 `<value>/to_host`. A transfer is standard ONNX, an Expand to the value's own shape (a copy of
@@ -20,11 +22,14 @@ from onnx import helper, numpy_helper
 
 from roam_cli.core.annotate import set_meta
 from roam_cli.core.graph import Graph, Node, Value
-from roam_cli.core.memory import DEVICE, TIERS_KEY, MemoryModel
+from roam_cli.core.memory import DEVICE, TIERS_KEY, MemoryModel, folded_values
 from roam_cli.frontend.onnx_import import Imported
 
 SAME_SHAPE = "roam/same_shape"  # the empty shape every transfer's Expand reads: keep the input's own
 TRANSFER_OP = "Expand"
+# Ops that read their input's shape, not its bytes: they read it in whichever tier it lives (and
+# ONNX Runtime folds them where shapes are static)
+METADATA_OPS = {("", "Shape"), ("", "Size")}
 
 
 @dataclass(frozen=True)
@@ -60,6 +65,7 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
                 raise ValueError(f"node {n.name!r} runs on the {tier_of_node[i]} but writes into {root!r}, "
                                  f"kept on the {tier_of(root)}")
 
+    folded = folded_values(graph)  # read where they are: ORT holds them itself, and folds a copy of one
     taken = set(graph.values) | {n.name for n in graph.nodes}
     values = dict(graph.values)
     made: dict[tuple[str, str, bool], Node] = {}  # (value, tier, after the forward) -> its transfer
@@ -77,6 +83,8 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
 
     def copy_for(x: str, tier: str, after_forward: bool) -> str:
         """The name node of `tier` reads for x (phase: after the forward or not)."""
+        if x in folded:
+            return x
         if x in placement.offloaded and after_forward and tier == DEVICE:
             key = (x, slow, False)  # the copy a host node reading x reads too
             if key not in made:
@@ -98,7 +106,8 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
 
     for i, n in enumerate(graph.nodes):
         after_forward = mm.node_class[i] != "forward"
-        inputs = tuple(copy_for(x, tier_of_node[i], after_forward) for x in n.inputs)
+        inputs = n.inputs if (n.domain, n.op_type) in METADATA_OPS else \
+            tuple(copy_for(x, tier_of_node[i], after_forward) for x in n.inputs)
         sequence.append(n if inputs == n.inputs else replace(n, inputs=inputs))
 
     transfers = {r["node"]: r["direction"] for r in records}
