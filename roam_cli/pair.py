@@ -9,6 +9,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from roam_cli import recompute
+from roam_cli.offload import rewrite as offload_rewrite
 from roam_cli.frontend.onnx_import import Imported, import_model
 
 # The plan's fields that name the members. A plan made before roam recorded the pair names only
@@ -43,8 +44,9 @@ def planned_graph(model_path: Path, plan: dict, shapes_from_run: bool = False) -
     """The graph `plan` orders, read from `model_path`: the file itself, except for the source
     model of a plan that changed the graph, which is changed again the same way: ORT's
     optimisations (`ort_optimized`), which ORT applies again into a folder that lasts as long as
-    the context, and then the recomputing copies (`recompute`). `sha256` is always the given
-    file's, for member(); a file outside the pair is imported as it is, for the caller to refuse."""
+    the context, then the recomputing copies (`recompute`), then the transfers between tiers
+    (`offload`). `sha256` is always the given file's, for member(); a file outside the pair is
+    imported as it is, for the caller to refuse."""
     imported = import_model(model_path, plan.get("dims", {}), shapes_from_run)
     if member(plan, imported.sha256) != "source_model":
         yield imported
@@ -58,4 +60,6 @@ def planned_graph(model_path: Path, plan: dict, shapes_from_run: bool = False) -
             imported = replace(import_model(optimized, plan.get("dims", {}), shapes_from_run), sha256=imported.sha256)
         if "recompute" in plan:
             imported = recompute.reapply(imported, plan["recompute"])
+        if "offload" in plan:
+            imported = offload_rewrite.reapply(imported, plan)
         yield imported

@@ -143,6 +143,10 @@ def test_a_plan_with_persistent_bytes_on_the_host_verifies(step):
     assert any(t.get("tier") == "host" and t["offset"] is None for t in plan["tensors"])
     r = roam("verify", step / "tight.annotated.onnx", step / "tight.json")
     assert r.code == 0, r.err
+    # the other member of the pair, the source model: the plan's transfers (and copies) made again
+    r = roam("verify", step / "step.onnx", step / "tight.json")
+    assert r.code == 0, r.err
+    assert any(t.get("tier") == "host" and "alias_of" in t for t in plan["tensors"])  # param.out, in place on the host
 
 
 def refusal(annotated, plan: dict, edit_graph=lambda g: g) -> str:

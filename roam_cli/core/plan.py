@@ -62,9 +62,14 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
                            | ({"tier": tier} if tier != DEVICE else {}))
         else:
             first, last = own_span(name)
+            root = mm.storage_of[name]
+            if root in mm.persistent:
+                tier = tiers.slow if tiers and root in tiers.homes else DEVICE
+            else:
+                tier = mm.storages[storage_index[root]].tier
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
                             "first_step": first, "last_step": last, "kind": mm.kind[name],
-                            "alias_of": mm.storage_of[name]})
+                            "alias_of": root} | ({"tier": tier} if tier != DEVICE else {}))
     arena = max([o + s.bytes for o, s in zip(offsets, mm.storages) if s.tier == DEVICE]
                 + [w["offset"] + w["bytes"] for w in workspace], default=0)
     peak, peak_step = peak_live(mm, spans)

@@ -150,7 +150,8 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
         "policy": chosen.policy, "profile": profile.name, "objective": objective, "budget_bytes": budget,
         "offloaded": list(chosen.offloaded),
         "transfers": [t | {"step": positions[t["node"]],
-                           "needed_at": min(positions[graph.nodes[u].name] for u in graph.consumers[t["node"]])}
+                           "needed_at": min(positions[graph.nodes[u].name] for u in graph.consumers[t["node"]]),
+                           "readers": sorted(graph.nodes[u].name for u in graph.consumers[t["node"]])}
                       for t in chosen.transfers],
         "estimate": chosen.estimate.as_dict(),
         "candidates": [c.summary(budget) for c in candidates],

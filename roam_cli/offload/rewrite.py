@@ -21,6 +21,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from roam_cli.core.annotate import set_meta
+from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.core.memory import DEVICE, TIERS_KEY, MemoryModel, folded_values
 from roam_cli.frontend.onnx_import import Imported
@@ -75,8 +76,8 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
         name = unique(f"{value}/to_{'host' if to != DEVICE else 'device'}{suffix}", taken)
         node = Node(name, TRANSFER_OP, "", (source, SAME_SHAPE), (name,))
         values[name] = replace(graph.values[value], name=name)
-        records.append({"node": name, "value": value, "direction": "to_host" if to != DEVICE else "to_device",
-                        "bytes": mm.tensor_bytes[value]})
+        records.append({"node": name, "value": value, "reads": source,
+                        "direction": "to_host" if to != DEVICE else "to_device", "bytes": mm.tensor_bytes[value]})
         return node
 
     sequence: list[Node] = []
@@ -110,16 +111,62 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
             tuple(copy_for(x, tier_of_node[i], after_forward) for x in n.inputs)
         sequence.append(n if inputs == n.inputs else replace(n, inputs=inputs))
 
-    transfers = {r["node"]: r["direction"] for r in records}
     host_nodes = sorted(graph.nodes[i].name for i in placement.host_nodes)
+    return tiered(imported, sequence, values, slow, records, host_nodes, sorted(placement.homes)), records
+
+
+def reapply(imported: Imported, plan: dict) -> Imported:
+    """The source model rewritten as a plan's `offload` and `tiers` say: the same transfers, under
+    the same names, read by the same nodes, as `rewrite` made them."""
+    graph = imported.graph
+    index = graph.node_index()
+    transfers = plan["offload"]["transfers"]
+    made = {t["node"] for t in transfers}
+    missing = next((r for t in transfers for r in t["readers"] if r not in index and r not in made), None)
+    if missing is not None:
+        raise RoamError(f"the plan's transfers are read by node {missing!r}, which the model does not have")
+    by_name = {t["node"]: t for t in transfers}
+    wanted: dict[str, list[str]] = {}  # reader -> the transfers it reads
+    for t in transfers:
+        for r in t["readers"]:
+            wanted.setdefault(r, []).append(t["node"])
+    values = dict(graph.values)
+    sequence: list[Node] = []
+    placed: set[str] = set()
+
+    def place(name: str) -> None:
+        t = by_name[name]
+        if name in placed:
+            return
+        placed.add(name)
+        if t["reads"] in by_name:  # a fetch of an offloaded value reads its copy on the host
+            place(t["reads"])
+        values[name] = replace(graph.values[t["value"]], name=name)
+        sequence.append(Node(name, TRANSFER_OP, "", (t["reads"], SAME_SHAPE), (name,)))
+
+    for n in graph.nodes:
+        reads = {by_name[t]["reads"]: t for t in wanted.get(n.name, ())}
+        for t in reads.values():
+            place(t)
+        sequence.append(replace(n, inputs=tuple(reads.get(x, x) for x in n.inputs)) if reads else n)
+    homes = sorted(t["name"] for t in plan["tensors"] if t.get("tier") and t["offset"] is None and "alias_of" not in t)
+    records = [{"node": t["node"], "direction": t["direction"]} for t in transfers]
+    return tiered(imported, sequence, values, plan["tiers"]["slow"], records, plan["tiers"].get("host_nodes", []), homes)
+
+
+def tiered(imported: Imported, sequence: list[Node], values: dict[str, Value], slow: str, records: list[dict],
+           host_nodes: list[str], homes: list[str]) -> Imported:
+    """The imported model with the nodes of `sequence`, and TIERS_KEY saying what it has."""
+    graph = imported.graph
+    transfers = {r["node"]: r["direction"] for r in records}
     metadata = {**graph.metadata, TIERS_KEY: json.dumps({"tier": slow, "transfers": transfers, "host_nodes": host_nodes,
-                                                         "homes": sorted(placement.homes)}, sort_keys=True)}
+                                                         "homes": homes}, sort_keys=True)}
     shape = numpy_helper.from_array(np.zeros(0, np.int64), SAME_SHAPE)
-    values[SAME_SHAPE] = Value(SAME_SHAPE, onnx.TensorProto.INT64, (0,))
+    values = {**values, SAME_SHAPE: Value(SAME_SHAPE, onnx.TensorProto.INT64, (0,))}
     new_graph = Graph(sequence, values, graph.inputs, list(graph.initializers) + [SAME_SHAPE], graph.outputs,
                       graph.constants, metadata)
     model = rewrite_model(imported.model, graph, sequence, values, metadata[TIERS_KEY], shape)
-    return replace(imported, graph=new_graph, model=model), records
+    return replace(imported, graph=new_graph, model=model)
 
 
 def unique(name: str, taken: set[str]) -> str:
