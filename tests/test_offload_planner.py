@@ -102,3 +102,22 @@ def test_the_planner_picks_the_fastest_plan_that_fits(tmp_path):
     checked = subprocess.run(roam + ["verify", str(plan_path.with_name("plan.annotated.onnx")), str(plan_path)],
                              capture_output=True, text=True)
     assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+@pytest.mark.slow  # a minute: it plans every candidate at several budgets
+def test_the_offload_front_is_a_front_and_names_what_beats_each_policy(tmp_path):
+    roam = [sys.executable, "-m", "roam_cli"]
+    sample = Path(__file__).resolve().parent.parent / "sample_models" / "gpt2_tiny" / "training_model.onnx"
+    step = tmp_path / "step.onnx"
+    subprocess.run(roam + ["-q", "make-training-graph", str(sample), "-o", str(step), "--in-graph-optimizer"], check=True)
+    done = subprocess.run(roam + ["-q", "tradeoff", str(step), "-o", str(tmp_path / "front.json"), "--offload", "host",
+                                  "--points", "2", "--json"], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
+    front = json.loads(done.stdout)
+    points = front["points"]  # most device bytes first: each point needs fewer and takes longer
+    assert all(a["device_bytes"] > b["device_bytes"] and a["seconds"] < b["seconds"] for a, b in zip(points, points[1:]))
+    assert [p["policy"] for p in front["policies"]] == ["keep", "save_on_cpu", "zero_offload", "all_on_host",
+                                                         "recompute_only"]
+    for p in front["policies"]:
+        by = p["dominated_by"]
+        assert by is None or (by in points and by["device_bytes"] < p["device_bytes"] and by["seconds"] <= p["seconds"])
