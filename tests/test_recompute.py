@@ -648,3 +648,18 @@ def test_the_sample_trains_with_its_copies_as_plain_ort_does(sample_step_recompu
     assert r.code == 0, r.err
     result = r.json()
     assert result["compare"]["outputs_max_rel"] <= 1e-5 and result["compare"]["state_max_rel"] <= 1e-5
+
+
+def test_a_chain_of_copies_thousands_deep_is_rewritten(tmp_path):
+    # x -> Neg x 3000 -> v2999, read after the forward by the output node y = Abs(v2999); every Neg
+    # copied: each copy reads the copy before it, 3,000 deep (a GPT2-XL-class step's least-memory
+    # recomputation chains that deep), each right after the one it reads
+    n = 3000
+    chain = [node("Neg", ["x" if k == 0 else f"v{k - 1}"], [f"v{k}"], name=f"neg{k}") for k in range(n)]
+    m = model(chain + [node("Abs", [f"v{n - 1}"], ["y"], name="abs")], [("x", [4])], [("y", [4])])
+    imported = import_model(save(m, tmp_path / "chain.onnx"), {}, False)
+    rewritten, added, renamed = rewrite.rewrite(imported, set(range(n)), list(range(n)), set(), set())
+    copies = [x.name for x in rewritten.graph.nodes[n:]]
+    assert copies == [added_name for added_name in copies if added_name in added] + ["abs"]
+    assert [added[c] for c in copies[:-1]] == [f"neg{k}" for k in range(n)]
+    assert rewritten.graph.nodes[-1].inputs == (renamed[f"v{n - 1}"],)
