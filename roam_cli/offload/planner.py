@@ -183,22 +183,29 @@ def grow(planned, start_from: Candidate, source: Imported, source_mm: memory.Mem
          everything: bool | None, budget: int, recomputing: dict | None, profile) -> list[Candidate]:
     """Plans of a placement (start_from's) with more and more forward values offloaded, each round
     offloading at least the last plan's excess more, until one fits or nothing is left to offload.
-    The values go in order of how well their transfers hide (timing.hidden_share, in start_from's
-    order), the largest first among equals. The last plan made is the last of the list."""
+    Each round takes first the values that the last plan holds on the device at its peak (only
+    those lower it), among them those whose round trip the compute hides best (timing.hidden_share),
+    the largest first among equals. The last plan made is the last of the list."""
     sizes = policies.offloadable(source.graph, source_mm)
-    hidden = timing.hidden_share(start_from.result.imported.graph, start_from.result.mm,
-                                 start_from.result.plan["order"], sizes, profile)
-    ranked = sorted(sizes, key=lambda v: (-hidden[v], -sizes[v], v))
     base = base_placement(source, source_mm, slow, everything)
+    name = GROWN[everything] + ("+free" if recomputing else "")
     made: list[Candidate] = []
-    taken, excess = 0, start_from.device_bytes - budget
+    taken: list[str] = []
+    last = start_from
     for _ in range(GROW_ROUNDS):
-        if excess <= 0 or taken == len(ranked):
+        excess = last.device_bytes - budget
+        left = [v for v in sizes if v not in taken]
+        if excess <= 0 or not left:
             break
-        want = sum(sizes[v] for v in ranked[:taken]) + excess
-        while taken < len(ranked) and sum(sizes[v] for v in ranked[:taken]) < want:
-            taken += 1
-        made.append(planned(GROWN[everything] + ("+free" if recomputing else ""), source, source_mm, replace(base, offloaded=frozenset(ranked[:taken])),
-                            recomputing))
-        excess = made[-1].device_bytes - budget
+        graph, order = last.result.imported.graph, last.result.plan["order"]
+        at_peak = timing.live_at(graph, order, left, last.result.plan["peak_step"])
+        hidden = timing.hidden_share(graph, last.result.mm, order, {v: sizes[v] for v in left}, profile)
+        added = 0
+        for v in sorted(left, key=lambda v: (v not in at_peak, -hidden[v], -sizes[v], v)):
+            if added >= excess:
+                break
+            taken.append(v)
+            added += sizes[v]
+        last = planned(name, source, source_mm, replace(base, offloaded=frozenset(taken)), recomputing)
+        made.append(last)
     return made

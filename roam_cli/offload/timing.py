@@ -63,3 +63,15 @@ def hidden_share(graph: Graph, mm: MemoryModel, order: list[str], values: dict[s
         window = elapsed[back] - elapsed[out + 1] if back > out else 0.0
         share[v] = min(1.0, window / trip) if trip else 1.0
     return share
+
+
+def live_at(graph: Graph, order: list[str], values: list[str], step: int) -> set[str]:
+    """The values (forward values, by name) whose own storage holds them at `step` of `order` (node
+    names): made at or before it, read at or after it (offloading one of them lowers that step)."""
+    pos = {name: k for k, name in enumerate(order)}
+    live = set()
+    for v in values:
+        readers = [pos[graph.nodes[u].name] for u in graph.consumers.get(v, ())]
+        if pos[graph.nodes[graph.producer[v]].name] <= step <= max(readers, default=-1):
+            live.add(v)
+    return live
