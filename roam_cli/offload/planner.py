@@ -104,15 +104,20 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
     free = recompute.free(graph, mm)
     cheap, cheap_record = recompute.apply(imported, mm, free, "free")
     cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
-    # the placements grown, each on the graph as it is and with `free` recomputation
+    # the placements grown, each on the graph as it is and with `free` recomputation: forward values
+    # offloaded from each placement (None: the optimizer on the device; False: ZeRO-Offload's;
+    # True: every persistent byte on the host), and parameters' updates moved to the host one
+    # by one ("updates")
     bases = [(source, source_mm, everything, record)
-             for everything in (None, False, True)
+             for everything in (None, False, True, "updates")
              for source, source_mm, record in ((imported, mm, None), (cheap, cheap_mm, cheap_record))]
 
     for budget in sorted(budgets, reverse=True):
-        started = [(planned(GROWN[everything] if record is None else GROWN[everything] + "+free",
-                            source, source_mm, base_placement(source, source_mm, slow, everything), record),
-                    source, source_mm, everything, record) for source, source_mm, everything, record in bases]
+        started = [(planned(GROWN[None if everything == "updates" else everything] + ("+free" if record else ""),
+                            source, source_mm,
+                            base_placement(source, source_mm, slow, None if everything == "updates" else everything),
+                            record), source, source_mm, everything, record)
+                   for source, source_mm, everything, record in bases]
         for c, *_ in started:
             if c not in candidates:
                 candidates.append(c)
@@ -121,9 +126,10 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
             best = min((cost(c, options.objective) for c in candidates if c.device_bytes <= budget), default=None)
             if best is not None and cost(start_from, options.objective) >= best:
                 continue  # offloading more only adds transfers to a plan already slower than one that fits
-            for c in grow(planned, start_from, source, source_mm, slow, everything, budget, record, profile):
-                if c not in candidates:
-                    candidates.append(c)
+            grown = (grow_updates(planned, start_from, source, source_mm, slow, budget, record)
+                     if everything == "updates" else
+                     grow(planned, start_from, source, source_mm, slow, everything, budget, record, profile))
+            candidates.extend(c for c in grown if c not in candidates)
     return candidates, profile
 
 
@@ -177,6 +183,31 @@ def base_placement(source: Imported, source_mm: memory.MemoryModel, slow: str, e
     if everything is None:
         return Placement(slow)
     return policies.update_on_host(source.graph, source_mm, slow, everything=everything)
+
+
+def grow_updates(planned, start_from: Candidate, source: Imported, source_mm: memory.MemoryModel, slow: str,
+                 budget: int, recomputing: dict | None) -> list[Candidate]:
+    """Plans with more and more parameters' updates run by the host with their state there
+    (ZeRO-Offload a parameter at a time: policies.update_groups), the most state first, each round
+    moving at least the last plan's excess of state, until one fits or every update has moved. The
+    last plan made is the last of the list."""
+    groups = policies.update_groups(source.graph, source_mm)
+    name = "planned+updates" + ("+free" if recomputing else "")
+    made: list[Candidate] = []
+    taken, last = 0, start_from
+    for _ in range(GROW_ROUNDS):
+        excess = last.device_bytes - budget
+        if excess <= 0 or taken == len(groups):
+            break
+        moved = 0
+        while taken < len(groups) and moved < excess:
+            moved += groups[taken][1]
+            taken += 1
+        host = frozenset().union(*(nodes for nodes, _ in groups[:taken]))
+        last = planned(name, source, source_mm, policies.update_on_host(source.graph, source_mm, slow, False, host),
+                       recomputing)
+        made.append(last)
+    return made
 
 
 def grow(planned, start_from: Candidate, source: Imported, source_mm: memory.MemoryModel, slow: str,

@@ -25,12 +25,15 @@ def save_on_cpu(graph: Graph, mm: MemoryModel, slow: str) -> Placement:
     return Placement(slow, offloaded=frozenset(offloadable(graph, mm)))
 
 
-def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool) -> Placement:
+def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool,
+                   host: frozenset[int] | None = None) -> Placement:
     """The optimizer's nodes run by the host, with the state they update kept there (DeepSpeed's
     ZeRO-Offload: the device fetches each parameter once and holds it the step). `everything`: every
     persistent byte in the slow tier, the parameters fetched for the forward and again for the
-    backward (ZeRO-Infinity's streaming)."""
-    host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
+    backward (ZeRO-Infinity's streaming). `host`: the nodes the host runs, when not all of the
+    optimizer's (some parameters' updates: update_groups)."""
+    if host is None:
+        host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
     movable = {r for r in mm.persistent if mm.tensor_bytes[r]} - folded_values(graph)  # ORT holds the rest itself
     if everything:
         homes = movable
@@ -42,6 +45,54 @@ def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool) -
         written = {mm.storage_of[o] for i in host for o in graph.nodes[i].outputs}
         homes = {r for r in movable if r in written or (readers.get(r) and readers[r] <= host)}
     return Placement(slow, homes=frozenset(homes), host_nodes=host, fetch_per_phase=everything)
+
+
+def update_groups(graph: Graph, mm: MemoryModel) -> list[tuple[frozenset[int], int]]:
+    """The optimizer's nodes split by the gradients they read: for each gradient the update reads (a
+    value made before the optimizer), the optimizer's nodes it reaches, through in-place writes
+    too; groups that share a node are one (a clipping norm over every gradient joins them all).
+    Each with the persistent bytes its nodes write, most first: the state one parameter's update
+    on the host takes off the device. The step counter's and the bias corrections' nodes, which
+    read no gradient, are in none."""
+    optimizer = {i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES}
+    by_storage: dict[str, set[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            by_storage.setdefault(mm.storage_of[x], set()).add(i)
+    owner: dict[int, int] = {}  # optimizer node -> its group's first node (a union-find's roots)
+
+    def find(i: int) -> int:
+        while owner[i] != i:
+            owner[i] = owner[owner[i]]
+            i = owner[i]
+        return i
+
+    starts = {i for i in optimizer
+              if any(x in graph.producer and graph.producer[x] not in optimizer
+                     and mm.node_class[graph.producer[x]] != "forward" for x in graph.nodes[i].inputs)}
+    for start in sorted(starts):
+        reached, stack = set(), [start]
+        while stack:
+            i = stack.pop()
+            if i in reached:
+                continue
+            reached.add(i)
+            for out in graph.nodes[i].outputs:
+                stack.extend(u for u in by_storage.get(mm.storage_of[out], ()) if u in optimizer)
+        roots = {find(i) for i in reached if i in owner}
+        first = min(roots | {start})
+        for r in roots:
+            owner[r] = first
+        for i in reached:
+            owner.setdefault(i, first)
+    groups: dict[int, set[int]] = {}
+    for i in owner:
+        groups.setdefault(find(i), set()).add(i)
+    sized = []
+    for nodes in groups.values():
+        written = {mm.storage_of[o] for i in nodes for o in graph.nodes[i].outputs} & set(mm.persistent)
+        sized.append((frozenset(nodes), sum(mm.tensor_bytes[r] for r in written)))
+    return sorted(sized, key=lambda g: (-g[1], min(g[0])))
 
 
 def working_set(graph: Graph, mm: MemoryModel) -> tuple[int, str]:

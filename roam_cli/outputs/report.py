@@ -270,7 +270,8 @@ POLICY_NAMES = {"keep": "keep everything on the device", "save_on_cpu": "save_on
                 "zero_offload": "ZeRO-Offload (optimizer state and update on the host)",
                 "all_on_host": "every persistent byte on the host (streamed)", "recompute_only": "recompute only",
                 "planned": "planned: activations offloaded", "planned+zero_offload": "planned: ZeRO-Offload + activations",
-                "planned+all_on_host": "planned: all persistent on the host + activations"}
+                "planned+all_on_host": "planned: all persistent on the host + activations",
+                "planned+updates": "planned: the largest parameters' updates on the host"}
 
 
 def policy_name(policy: str) -> str:
