@@ -69,7 +69,8 @@ def main() -> None:
     ap.add_argument("--device", default="pcie-gen4-gpu")
     ap.add_argument("--points", type=int, default=4)
     ap.add_argument("--skip-fronts", action="store_true", help="only the two budgets")
-    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--plans", type=Path, default=None, help="keep the budgets' plans (and annotated models) here")
+    ap.add_argument("--json", type=Path, default=None, help="written after each step, so a stopped run keeps what it measured")
     a = ap.parse_args()
     only = set(a.only.split(",")) if a.only else None
     steps = {p.parent.name: p for p in sorted(a.suite.glob("*/full_step.onnx"))}
@@ -93,10 +94,14 @@ def main() -> None:
                 least = min(f["points"], key=lambda p: p["device_bytes"])
                 print(f"{name:<12} {'least on front':<15} {least['device_bytes'] / GiB:>10.3f} "
                       f"{1e3 * least['seconds']:>9.2f}   ({f['plans_weighed']} plans, {f['wall_seconds']:.0f} s)")
+                save(results, a.json)
         for name, budget, device in (("gpt2_small", GiB, a.device), ("70b", 80 * 10**9, "pcie-gen5-gpu")):
             if name not in steps:
                 continue
-            r = results["budgets"][name] = fit(steps[name], budget, device, tmp / f"{name}_fit.json") | {"device": device}
+            kept = a.plans if a.plans is not None else tmp
+            kept.mkdir(parents=True, exist_ok=True)
+            r = results["budgets"][name] = fit(steps[name], budget, device, kept / f"{name}_fit.json") | {"device": device}
+            save(results, a.json)
             if r["exit"] != 0:
                 print(f"{name} at {budget / GiB:.2f} GiB ({device}): exit {r['exit']}: {r.get('error')}")
                 continue
@@ -104,8 +109,12 @@ def main() -> None:
                   f"(persistent {r['device_persistent_bytes'] / GiB:.3f}), host {r['host_bytes'] / GiB:.1f} GiB, "
                   f"est. {1e3 * r['seconds']:.1f} ms vs keeping everything {r['keep_device_bytes'] / GiB:.1f} GiB at "
                   f"{1e3 * r['keep_seconds']:.1f} ms; {r['wall_seconds']:.0f} s to plan")
-    if a.json:
-        a.json.write_text(json.dumps(results, indent=1) + "\n")
+    save(results, a.json)
+
+
+def save(results: dict, path: Path | None) -> None:
+    if path is not None:
+        path.write_text(json.dumps(results, indent=1) + "\n")
 
 
 if __name__ == "__main__":
