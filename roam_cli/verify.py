@@ -91,7 +91,11 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                                 f"produced (step {produced_at[inp]})")
 
     if "recompute" in plan:
-        check_recompute(graph, plan["recompute"], step)
+        tiers = read_tiers(graph, plan)
+        # a transfer's output is its input in another tier: a copy may read either where its original reads one
+        moved = {n.outputs[0]: n.inputs[0] for n in graph.nodes
+                 if tiers is not None and n.name in tiers.transfers and n.inputs and n.outputs}
+        check_recompute(graph, plan["recompute"], step, moved)
 
     tensors = {}
     for t in plan["tensors"]:
@@ -339,11 +343,19 @@ def check_transfer_records(graph: Graph, tiers: Tiers, records, step: dict[str, 
                 raise Violation(f"the plan lists transfer {name!r} with {key} {record[key]}, but it is {value}")
 
 
-def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
+def check_recompute(graph: Graph, record: dict, step: dict[str, int], moved: dict[str, str] | None = None) -> None:
     """Each copy the plan lists is its original's op reading the same tensors or their listed
     recomputed versions, so it computes the same values (a Dropout's replay: DropoutGrad on the
     Dropout's input and mask, or the standard nodes `standard_replay` checks); each recomputed
-    tensor is its copy's output in its original's place, produced before every step that reads it."""
+    tensor is its copy's output in its original's place, produced before every step that reads it.
+    `moved`: transfer output -> its input; the same tensor in another tier."""
+    moved = moved or {}
+
+    def value(x: str) -> str:
+        while x in moved:
+            x = moved[x]
+        return x
+
     nodes = {n.name: n for n in graph.nodes}
     replaces = {t["name"]: t["of"] for t in record["tensors"]}
     copy_of = {}
@@ -369,7 +381,8 @@ def check_recompute(graph: Graph, record: dict, step: dict[str, int]) -> None:
             raise Violation(f"recomputing node {copy.name!r} reads {len(copy.inputs)} tensors, {original.name!r} "
                             f"{len(expected)}")
         for mine, theirs in zip(copy.inputs, expected):
-            if mine != theirs and replaces.get(mine) != theirs:
+            mine_value, their_value = value(mine), value(theirs)
+            if mine_value != their_value and replaces.get(mine_value) != their_value:
                 raise Violation(f"recomputing node {copy.name!r} reads {mine!r} where {original.name!r} reads {theirs!r}")
         copy_of[copy.name] = original
     for name, chain in chains.items():

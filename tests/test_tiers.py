@@ -18,7 +18,7 @@ from roam_cli.core import memory
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import import_model
 from roam_cli.offload.policies import working_set
-from roam_cli.offload.rewrite import Placement, rewrite
+from roam_cli.offload.rewrite import Placement, reapply, rewrite
 from roam_cli.outputs import plot
 from roam_cli.outputs.export import memory_snapshot, perfetto_trace
 from roam_cli.verify import Violation, verify
@@ -254,3 +254,20 @@ def test_folded_values_and_shape_readers_need_no_transfer(tmp_path):
     nodes = {n.name: n.inputs for n in new.graph.nodes}
     assert nodes[new.graph.nodes[new.graph.producer["h"]].name] == ("x/to_host", "c")
     assert nodes[new.graph.nodes[new.graph.producer["n"]].name] == ("h",)
+
+
+def test_the_source_model_is_rewritten_again_from_the_plan(hand):
+    # what `roam verify SOURCE plan.json` reads: the plan's transfer records (what each reads, who
+    # reads it) and tiers give back the rewritten graph, node for node, the offloaded h's fetch
+    # reading its copy on the host
+    imported, mm = hand
+    new, records = rewrite(imported, mm, Placement("host", offloaded=frozenset({"h"}), homes=frozenset({"w"})))
+    g = new.graph
+    plan = {"offload": {"transfers": [r | {"readers": sorted(g.nodes[u].name for u in g.consumers[r["node"]])}
+                                      for r in records]},
+            "tiers": {"slow": "host", "host_nodes": []},
+            "tensors": [{"name": "w", "tier": "host", "offset": None}]}
+    again = reapply(imported, plan)
+    assert [(n.name, n.inputs) for n in again.graph.nodes] == [(n.name, n.inputs) for n in g.nodes]
+    assert {n.name: n.inputs for n in again.graph.nodes}["h/to_device"] == ("h/to_host", "roam/same_shape")
+    assert json.loads(again.graph.metadata[memory.TIERS_KEY]) == json.loads(g.metadata[memory.TIERS_KEY])

@@ -145,7 +145,7 @@ def reapply(imported: Imported, plan: dict) -> Imported:
         sequence.append(Node(name, TRANSFER_OP, "", (t["reads"], SAME_SHAPE), (name,)))
 
     for n in graph.nodes:
-        reads = {by_name[t]["reads"]: t for t in wanted.get(n.name, ())}
+        reads = {by_name[t]["value"]: t for t in wanted.get(n.name, ())}  # what it read before: the value
         for t in reads.values():
             place(t)
         sequence.append(replace(n, inputs=tuple(reads.get(x, x) for x in n.inputs)) if reads else n)
