@@ -50,10 +50,10 @@ class Candidate:
 
 def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, budgets: list[int]
           ) -> tuple[list[Candidate], profile_mod.Profile]:
-    """Every candidate planned: the fixed policies, and for each budget none of them fits (but
-    save_on_cpu, the most transfers) the placements grown to fit it. `plan_model(imported, mm,
-    options[, given])` orders and lays out a graph and returns the pipeline's Result. A placement
-    is planned once, however many budgets grow through it."""
+    """Every candidate planned: the fixed policies, and for each budget the placements grown to fit
+    it from each base (bases), but those whose plan is already slower than one that fits.
+    `plan_model(imported, mm, options[, given])` orders and lays out a graph and returns the
+    pipeline's Result. A placement is planned once, however many budgets grow through it."""
     profile = profile_mod.load(options.device or profile_mod.DEFAULT)
     if options.objective not in OBJECTIVES:
         raise RoamError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
