@@ -6,8 +6,9 @@ its step estimated on the device profile. The fixed policies users know are cand
 are: keep (everything on the device), save_on_cpu, ZeRO-Offload, every persistent byte on the host,
 and recompute only (roam's least-memory recomputation, nothing moved). From each placement that
 does not fit, on the graph as it is and on the graph with `free` recomputation, the planner
-offloads more forward values, those whose round trip the compute hides best first, replanning
-until the device's bytes (its persistent bytes + its arena) fit the budget. The plan is the
+offloads more forward values (those the device holds at its peak, then those whose round trip the
+compute hides best) or moves more parameters' updates to the host, replanning until the device's
+bytes (its persistent bytes + its arena) fit the budget. The plan is the
 fitting candidate of the least estimated time (or energy); CheckFailed (exit 1) when none fits,
 naming the least found or the node no placement can fit."""
 
