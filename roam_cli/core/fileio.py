@@ -1,10 +1,20 @@
-"""Output safety: outputs never clobber inputs and are never left half-written."""
+"""Output safety: outputs never clobber inputs and are never left half-written; and JSON inputs
+read with one clear line for any unreadable file."""
 
+import json
 import os
 import tempfile
 from pathlib import Path
 
 from roam_cli.core.errors import RoamError
+
+
+def read_json(path: str | os.PathLike):
+    """The JSON document at `path`; RoamError naming the file and the first line of the reason."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise RoamError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
 
 
 def _umask() -> int:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roam_cli.core.errors import RoamError
+from roam_cli.core.fileio import read_json
 from roam_cli.core.graph import smallest_first_order
 
 
@@ -53,10 +54,7 @@ def _number(node: dict, names: tuple[str, str], path: Path) -> int:
 
 def read(path: str | Path) -> Graph:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise RoamError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    data = read_json(path)
     if not isinstance(data, dict) or not isinstance(data.get("nodes"), list):
         raise RoamError(f"{path}: not a node-link graph (no 'nodes' list)")
     edges = data.get("links", data.get("edges"))

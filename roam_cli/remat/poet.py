@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from roam_cli.core.errors import RoamError
-from roam_cli.core.fileio import write_atomic
+from roam_cli.core.fileio import read_json, write_atomic
 
 PROBLEM_FORMAT = "poet-problem-v1"
 SCHEDULE_FORMAT = "poet-schedule-v1"
@@ -47,8 +47,8 @@ class Schedule:
 def is_poet(path: str | Path) -> bool:
     """Whether `path` is a JSON document with POET's problem format (else a node-link graph)."""
     try:
-        data = json.loads(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(path)
+    except RoamError:
         return False
     return isinstance(data, dict) and data.get("format") == PROBLEM_FORMAT
 
@@ -68,10 +68,7 @@ def _field(data: dict, key: str, kind, path: Path, minimum: float | None = 0):
 
 def read(path: str | Path) -> Problem:
     path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise RoamError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+    data = read_json(path)
     if not isinstance(data, dict) or data.get("format") != PROBLEM_FORMAT:
         raise RoamError(f"{path}: not a POET problem (no 'format': '{PROBLEM_FORMAT}')")
     T = _field(data, "T", int, path, minimum=1)
