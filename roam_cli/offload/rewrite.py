@@ -25,6 +25,7 @@ from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.core.memory import DEVICE, TIERS_KEY, MemoryModel, folded_values
 from roam_cli.frontend.onnx_import import Imported
+from roam_cli.recompute.rewrite import unique
 
 SAME_SHAPE = "roam/same_shape"  # the empty shape every transfer's Expand reads: keep the input's own
 TRANSFER_OP = "Expand"
@@ -73,7 +74,7 @@ def rewrite(imported: Imported, mm: MemoryModel, placement: Placement) -> tuple[
     records: list[dict] = []
 
     def transfer(source: str, value: str, to: str, suffix: str) -> Node:
-        name = unique(f"{value}/to_{'host' if to != DEVICE else 'device'}{suffix}", taken)
+        name = unique(f"{value}/to_{'host' if to != DEVICE else 'device'}{suffix}", taken, "")
         node = Node(name, TRANSFER_OP, "", (source, SAME_SHAPE), (name,))
         values[name] = replace(graph.values[value], name=name)
         records.append({"node": name, "value": value, "reads": source,
@@ -167,14 +168,6 @@ def tiered(imported: Imported, sequence: list[Node], values: dict[str, Value], s
                       graph.constants, metadata)
     model = rewrite_model(imported.model, graph, sequence, values, metadata[TIERS_KEY], shape)
     return replace(imported, graph=new_graph, model=model)
-
-
-def unique(name: str, taken: set[str]) -> str:
-    candidate, k = name, 1
-    while candidate in taken:
-        candidate, k = f"{name}_{k}", k + 1
-    taken.add(candidate)
-    return candidate
 
 
 def rewrite_model(model: onnx.ModelProto, graph: Graph, sequence: list[Node], values: dict[str, Value], recorded: str,
