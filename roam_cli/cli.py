@@ -17,6 +17,7 @@ from roam_cli.core.memory import SLOW_TIERS
 from roam_cli.core.units import format_bytes, parse_bytes
 from roam_cli.cost import profile as cost_profile
 from roam_cli.frontend import training_graph
+from roam_cli.offload import planner as offload_planner
 from roam_cli.outputs import report as report_mod
 from roam_cli.solvers import milp
 
@@ -141,7 +142,7 @@ def cli(ctx, quiet, verbose):
 @click.option("--device", "device_profile", default=None, metavar="PROFILE",
               help=f"Device profile of --offload's estimates: a shipped name ({', '.join(cost_profile.shipped())}) "
                    f"or a JSON file [default: {cost_profile.DEFAULT}].")
-@click.option("--objective", type=click.Choice(["time", "energy"]), default="time", show_default=True,
+@click.option("--objective", type=click.Choice(offload_planner.OBJECTIVES), default="time", show_default=True,
               help="What --offload minimises among the plans that fit: estimated step time, or energy.")
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
               help="Also draw the plan's pictures (PNG and SVG) into this directory, made if missing "
