@@ -291,7 +291,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
                seconds: dict, say, given: tuple[list[int], dict] | None = None) -> Result:
     """Order and lay out the graph of `imported`, whose memory model is `mm`: the plan. `given`:
     the order to lay out instead of solving for one, with its stats (the offload planner's order
-    with fetches moved earlier)."""
+    with fetches moved earlier), laid out as ONNX Runtime runs it (`order.runs`)."""
     t = time.perf_counter()
     say(f"ordering {len(imported.graph.nodes)} nodes: baselines")
     op_types = [n.op_type for n in imported.graph.nodes]
@@ -302,7 +302,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     chosen_order, order_stats = (order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
                                              jobs=options.jobs, solver=options.solver, measured=measured,
                                              progress=say, gap=options.gap)
-                                 if given is None else (given[0], dict(given[1])))
+                                 if given is None else (order.runs(mm, given[0]), dict(given[1])))
     order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
                                 for k, v in measured.items()]
     # ONNX Runtime writes a kernel's output into its input where this order runs the kernel last

@@ -90,6 +90,8 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"node {node.name!r} at step {step[node.name]} reads {inp!r} before it is "
                                 f"produced (step {produced_at[inp]})")
 
+    check_shape_nodes_first(graph, plan["order"], step, produced_at)
+
     if "recompute" in plan:
         tiers = read_tiers(graph, plan)
         # a transfer's output is its input in another tier: a copy may read either where its original reads one
@@ -425,6 +427,27 @@ def standard_replay(dropout: Node, chain: list[Node], initializers: set[str], re
     if not (out.inputs[0] == dropout.outputs[1] and data in (scaled.inputs[0], replaces.get(scaled.inputs[0]))
             and keep.inputs[0] == mode and kept.inputs == (one, ratio) and {one, zero} <= initializers):
         raise Violation(f"the replay of {dropout.name!r} reads other tensors than its input, mask, ratio and mode")
+
+
+def check_shape_nodes_first(graph: Graph, order: list[str], step: dict[str, int], produced_at: dict[str, int]) -> None:
+    """The order is the one that runs: ONNX Runtime's priority-based order (what a plan's order
+    runs under) takes Shape and Size first among the nodes ready to run, so each comes right after
+    the node producing its input, with only other such nodes between (before every other node when
+    the input is a graph input). One whose input ORT computes at load (from constants) is exempt."""
+    constant = set(graph.initializers) | set(graph.constants)
+    for n in graph.nodes:
+        if n.inputs and all(x in constant for x in n.inputs if x):
+            constant.update(n.outputs)
+    shape_nodes = {n.name for n in graph.nodes if (n.domain, n.op_type) in SHAPE_READERS}
+    for n in graph.nodes:
+        if n.name not in shape_nodes or not n.inputs or n.inputs[0] in constant:
+            continue
+        ready = produced_at.get(n.inputs[0], -1) + 1
+        other = next((m for m in order[ready:step[n.name]] if m not in shape_nodes), None)
+        if other is not None:
+            raise Violation(f"{n.op_type} node {n.name!r} is at step {step[n.name]}, after {other!r}, but ONNX "
+                            f"Runtime runs it as soon as its input {n.inputs[0]!r} exists (step {ready}): the "
+                            "plan's order is not the order that runs")
 
 
 def check_placement(what: str, offset: int, size: int, alignment: int, arena: int, arena_name: str = "arena") -> None:

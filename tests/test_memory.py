@@ -95,6 +95,18 @@ def test_in_place_kernel_where_the_order_runs_it_last_among_its_input_s_readers(
     assert "s" not in memory.build(graph, 256, order=[0, 2, 1, 3]).alias
 
 
+def test_size_lives_from_where_onnx_runtime_runs_it(tmp_path):
+    # a = -x; b = -a; c = -b; s = Size(a); f = float(s); y = c * f, written with Size late. ORT runs
+    # Size right after a's producer (order [0, 3, 1, 2, 4, 5]): s is 8 bytes (256 aligned), f 4 (256)
+    m = model([node("Neg", ["x"], ["a"]), node("Neg", ["a"], ["b"]), node("Neg", ["b"], ["c"]),
+               node("Size", ["a"], ["s"]), node("Cast", ["s"], ["f"], to=1), node("Mul", ["c", "f"], ["y"])],
+              [("x", [256])], [("y", [256])])
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert spans == {"a": (0, 2), "s": (1, 4), "b": (2, 3), "c": (3, 5), "f": (4, 5), "y": (5, 5)}
+    # a + s + b at step 2, s + b + c at 3, c + f + y at 5; run late, Size would keep a with b and c (3 KiB)
+    assert memory.peak_live(mm, list(spans.values())) == (2 * KB + 256, 2)
+
+
 def test_views_share_storage_until_the_last_use_of_any_name(tmp_path):
     # a = Relu(x); v = Reshape(a) (a view); b = Relu(x); c = Add(v, b): a's storage lives to step 3.
     shape = np.array([16, 16], dtype=np.int64)

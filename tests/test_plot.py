@@ -31,13 +31,13 @@ def test_plot_command_draws_both_pictures_with_labels_and_legends(sample_plan, t
     assert [p.split("/")[-1] for p in written] == ["layout.png", "layout.svg", "live_memory.png", "live_memory.svg"]
     assert (tmp_path / "layout.png").read_bytes()[:8] == PNG_MAGIC
     live = svg_texts(tmp_path / "live_memory.svg")
-    own = f"{plan['stats']['order']['strategy']} order (this plan): transient peak 1023.25 KiB"
+    own = f"{plan['stats']['order']['strategy']} order (this plan): transient peak 1023.75 KiB"
     for label in ("step (operator index in execution order)", "persistent + live transient (MiB)", own,
                   "persistent: 1.07 MiB (parameter 535.00 KiB", "budget: 4.00 MiB", "gpt2_tiny/training_model.onnx"):
         assert label in live, label
     layout = svg_texts(tmp_path / "layout.svg")
     for label in ("arena offset (KiB)", "activation (", "gradient (", f"arena: {format_bytes(plan['arena_bytes'])}",
-                  "peak live 1023.25 KiB at step"):
+                  "peak live 1023.75 KiB at step"):
         assert label in layout, label
 
 

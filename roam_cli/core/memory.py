@@ -16,7 +16,7 @@ the device. Orders count the device's bytes only; each tier gets its own arena.
 layouts consume; `lifetimes()` turns an order into each storage's [first, last] step."""
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, element_size
@@ -41,6 +41,11 @@ INPLACE_OPS = {
 MAY_OVERWRITE = {("", op): (0, 0) for op in (
     "Elu", "HardSigmoid", "LeakyRelu", "Relu", "Selu", "Sigmoid", "Softplus", "Softsign", "Tanh",
     "ThresholdedRelu", "Softmax", "LogSoftmax", "Cast", "Scatter", "ScatterElements")}
+# Ops ONNX Runtime runs as soon as their input exists: its priority-based order, the one that runs a
+# plan's order, takes them first among the nodes ready to run (PriorityNodeCompare in
+# onnxruntime/core/graph/graph_viewer.cc, every build since 1.x): right after the node producing
+# their input, or at the start when that is a graph input.
+EAGER_OPS = {("", "Shape"), ("", "Size")}
 ACCUMULATOR_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
 # Which input of an in-place optimizer op holds the weights (the rest of its in-place inputs are
 # optimizer state or gradients).
@@ -94,6 +99,9 @@ class MemoryModel:
     preds: list[tuple[int, ...]]  # per node: nodes that must run before it (data + in-place)
     notes: list[str]
     tiers: "Tiers | None" = None  # None: one memory, the device's
+    # Shape/Size nodes ORT runs right after the node producing their input (EAGER_OPS): node ->
+    # that producer, or None where the input is a graph input (they run at the start)
+    eager: dict[int, int | None] = field(default_factory=dict)
 
     @property
     def persistent_bytes(self) -> int:
@@ -292,9 +300,12 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     for a, b in extra_deps:
         preds[b].add(a)
     check_acyclic(graph, preds)
+    folded = folded_values(graph)
+    eager = {i: graph.producer.get(n.inputs[0]) for i, n in enumerate(nodes)
+             if (n.domain, n.op_type) in EAGER_OPS and n.inputs and n.inputs[0] not in folded}
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
                        alias, persistent, storages, node_class, extra_deps,
-                       [tuple(sorted(p)) for p in preds], notes, tiers)
+                       [tuple(sorted(p)) for p in preds], notes, tiers, eager)
 
 
 def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:

@@ -84,7 +84,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
             stats = {k: v for k, v in result.plan["stats"]["order"].items() if k not in ("strategy", "baselines")}
             moved = sum(a != b for a, b in zip(order, early))
             result = plan_model(rewritten, new_mm, each, (early, stats | {"prefetch_moved_steps": moved}))
-            order = early
+            order = [index[name] for name in result.plan["order"]]
         made[key] = Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
                               tuple(sorted(placement.offloaded)), transfers, recomputing)
         return made[key]

@@ -8,7 +8,9 @@ Every strategy takes a `MemoryModel` and returns node indices plus plain statist
 - `greedy`: the best of XLA's list and DFS memory schedulers (`greedy.py`);
 - `ilp-global`: one ILP over the whole graph, the MODeL/OLLA formulation (`ilp.py`).
 
-`baselines()` measures the cheap baselines in one run; `solve()` reuses their orders."""
+`baselines()` measures the cheap baselines in one run; `solve()` reuses their orders. Every order
+returned is one ONNX Runtime runs as it is (`runs()`): Shape and Size right after their input's
+producer, where its priority-based order runs them."""
 
 import time
 
@@ -23,9 +25,16 @@ BASELINES = ("original", "ort", "greedy")
 DEFAULT_SECONDS = 60.0  # the search stops earlier when it proves its order optimal
 
 
+def runs(mm: MemoryModel, order: list[int]) -> list[int]:
+    """`order` as ONNX Runtime runs it when a plan gives it (PRIORITY_BASED): Shape and Size
+    nodes moved to right after their input's producer. The peak is the order's own: the ordering
+    problem counts their bytes with that producer (`problem.from_memory_model`)."""
+    return ort_mod.priority_based(order, mm.eager)
+
+
 def original(mm: MemoryModel) -> list[int]:
     """The model's node order: file order, with the fewest moves that honour in-place rules."""
-    return kahn(from_memory_model(mm))
+    return runs(mm, kahn(from_memory_model(mm)))
 
 
 def peak_of(mm: MemoryModel, order: list[int]) -> int:
@@ -35,11 +44,11 @@ def peak_of(mm: MemoryModel, order: list[int]) -> int:
 def baseline(mm: MemoryModel, strategy: str, op_types: list[str]) -> tuple[list[int], dict]:
     if strategy == "original":
         return original(mm), {}
-    if strategy == "ort":
-        return ort_mod.ort_default(list(mm.preds), op_types), {}
+    if strategy == "ort":  # ORT's default order, run as the plan's order
+        return runs(mm, ort_mod.ort_default(list(mm.preds), op_types)), {}
     if strategy == "greedy":
         found, scheduler = greedy_mod.greedy(from_memory_model(mm))
-        return found, {"scheduler": scheduler}
+        return runs(mm, found), {"scheduler": scheduler}
     raise ValueError(f"unknown baseline {strategy!r}")
 
 
@@ -71,12 +80,13 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
         stats = {"solver": solver, "status": sol.status, "variables": sol.variables}
         if milp.failed(sol.status):
             stats["fallback"] = f"{sol.status}; kept the original order"
-        return sol.order, stats
+        return runs(mm, sol.order), stats
     if strategy == "roam":
         measured = measured if measured is not None else baselines(mm, op_types)
         deadline = time.perf_counter() + seconds
         found, stats = roam_mod.order(problem, {k: v["order"] for k, v in measured.items()}, deadline, jobs,
                                       progress, gap)
+        found = runs(mm, found)
         best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
         if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
             found = measured[best_baseline]["order"]

@@ -1,4 +1,5 @@
-"""The order ONNX Runtime runs a graph in by default (`ExecutionOrder.DEFAULT`).
+"""The orders ONNX Runtime runs a graph in: by default (`ExecutionOrder.DEFAULT`), and the
+priority-based one that runs a plan's order.
 
 ORT's `GraphViewer` builds it with `Graph::ReverseDFSFrom`: a depth-first search from the leaf
 nodes (nodes no other node reads) along input edges, emitting each node after all its inputs
@@ -10,7 +11,12 @@ builds do not (`training_build`, by default the installed runtime's).
 
 Cross-checked against ORT 1.19 (training) and 1.32 profiling (`benchmarks/ort_order_check.py`). The edges are the
 memory model's constraints: data edges plus the in-place rules, which ORT does not need because
-it does not update declared state in place; on graphs without such rules they are ORT's edges."""
+it does not update declared state in place; on graphs without such rules they are ORT's edges.
+
+`ExecutionOrder.PRIORITY_BASED` (what roam's runtime asks for) is Kahn's algorithm taking, among
+the nodes ready to run, Shape and Size first, then the lowest priority value, then the lowest
+index: for a file written in a topological order, that order itself, except that every Shape or
+Size node runs as soon as its input exists (`priority_based`)."""
 
 import importlib.metadata
 
@@ -66,3 +72,29 @@ def ort_default(preds: list[tuple[int, ...]], op_types: list[str], training_buil
             order.append(w)
             placed[w] = True
     return order
+
+
+def priority_based(order: list[int], eager: dict[int, int | None]) -> list[int]:
+    """The order ORT runs with PRIORITY_BASED when the file lists the nodes in `order`: each
+    Shape/Size node of `eager` (node -> the node producing its input, None for a graph input)
+    right after that producer, those of graph inputs first; every other node where `order` has
+    it. Several ready at once run in file order, which is this order's."""
+    followers: dict[int | None, list[int]] = {}
+    for v in order:
+        if v in eager:
+            followers.setdefault(eager[v], []).append(v)
+    out: list[int] = []
+
+    def run(v: int | None) -> None:
+        stack = list(reversed(followers.get(v, ())))
+        while stack:  # each Shape/Size, then those reading its output, before the next of v's
+            w = stack.pop()
+            out.append(w)
+            stack.extend(reversed(followers.get(w, ())))
+
+    run(None)
+    for v in order:
+        if v not in eager:
+            out.append(v)
+            run(v)
+    return out

@@ -9,7 +9,8 @@ allocator, their producer; the reduction rules (`rules.py`) and the division int
 bytes are live at every step: tensors that pass through a segment untouched.
 
 For a problem made from a memory model, `peak()` equals `memory.peak_live(mm,
-memory.lifetimes(mm, order))[0]` (tested), which stays the single definition of an order's cost."""
+memory.lifetimes(mm, order))[0]` on every order ONNX Runtime runs (`order.runs`; tested), which
+stays the single definition of an order's cost."""
 
 from dataclasses import dataclass
 from functools import cached_property
@@ -98,10 +99,26 @@ class Tables:
 
 
 def from_memory_model(mm: MemoryModel) -> Problem:
-    # the device's bytes: a slower tier's storages are laid out in their own arena, and the order
-    # minimises what the device holds
-    buffers = tuple(Buffer(s.bytes, (s.producer,), s.readers, s.to_end) for s in mm.storages
-                    if s.bytes and s.tier == DEVICE)
+    """The device's bytes: a slower tier's storages are laid out in their own arena, and the order
+    minimises what the device holds. A Shape/Size node ONNX Runtime runs right after its input's
+    producer (`mm.eager`) allocates and reads with that producer here, so where an order puts it
+    does not change a peak, and the order ORT runs (`ort.priority_based`) has the same peak."""
+
+    def anchor(v: int) -> int | None:
+        """The node v runs with: itself, or the producer its chain of Shape/Size nodes starts at
+        (None: a graph input, so the start)."""
+        while v in mm.eager:
+            if mm.eager[v] is None:
+                return None
+            v = mm.eager[v]
+        return v
+
+    def with_anchors(nodes: tuple[int, ...]) -> tuple[int, ...]:
+        return tuple(sorted({v if anchor(v) is None else anchor(v) for v in nodes}))
+
+    buffers = tuple(Buffer(s.bytes, () if anchor(s.producer) is None else (anchor(s.producer),),
+                           with_anchors(s.readers), s.to_end)
+                    for s in mm.storages if s.bytes and s.tier == DEVICE)
     return Problem(tuple(mm.preds), buffers)
 
 
