@@ -235,7 +235,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
             if "external data" in note or "refers to" in note:
                 err.print(f"note: {note}")
     if not obj["quiet"]:
-        frag = plan["arena_bytes"] / plan["peak_live_bytes"] - 1 if plan["peak_live_bytes"] else 0.0
+        frag = plan["arena_bytes"] / report_mod.arena_floor(plan) - 1 if plan["peak_live_bytes"] else 0.0
         out.print(f"wrote {plan_path}: {len(plan['order'])} nodes, arena {format_bytes(plan['arena_bytes'])} "
                   f"(peak live {format_bytes(plan['peak_live_bytes'])}, fragmentation {frag:.2%}), "
                   f"persistent {format_bytes(plan['persistent_bytes'])}")

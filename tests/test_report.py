@@ -7,12 +7,23 @@ from click.testing import CliRunner
 from conftest import roam
 
 from roam_cli.cli import cli
-from roam_cli.outputs.report import live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
+from roam_cli.outputs.report import arena_floor, live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
 
 
 def test_live_curve_counts_first_and_last_steps_inclusive():
     assert live_curve([(0, 1, 10), (1, 3, 5), (3, 3, 7)], 5) == [10, 15, 5, 12, 0]
     assert live_curve([], 2) == [0, 0]
+
+
+def test_fragmentation_counts_the_kernel_scratch_in_the_arena_as_live():
+    # a [0, 1] and b [1, 2], 256 B each; 512 B of scratch at step 2 beside b: 768 B at step 2
+    tensors = [{"first_step": 0, "last_step": 1, "bytes": 256, "offset": 0},
+               {"first_step": 1, "last_step": 2, "bytes": 256, "offset": 256},
+               {"first_step": 0, "last_step": 2, "bytes": 4096, "offset": 0, "tier": "host"}]
+    plan = {"order": ["n0", "n1", "n2"], "tensors": tensors, "peak_live_bytes": 512,
+            "workspace": [{"node": "n2", "step": 2, "bytes": 512, "offset": 512}]}
+    assert arena_floor(plan) == 768
+    assert arena_floor({**plan, "workspace": []}) == 512
 
 
 def plan_with(stats_extra: dict, order="roam", layout="search") -> dict:

@@ -75,10 +75,12 @@ def strategy_rows(plan: dict) -> list[dict]:
             r["peak_live_bytes"] = peaks.get(r["order"])
     original_peak = peaks.get("original")
     reference = arena_reference(out, own_layout)
+    floor = arena_floor(plan)  # the plan's order's layouts hold its kernel scratch too
     for r in out:
         r["this_plan"] = (r["order"], r["layout"]) == (own_order, own_layout)
         peak, arena = r["peak_live_bytes"], r["arena_bytes"]
-        r["fragmentation"] = arena / peak - 1 if arena is not None and peak else None
+        held = floor if r["order"] == own_order else peak
+        r["fragmentation"] = arena / held - 1 if arena is not None and held else None
         r["peak_vs_original"] = reduction(peak, original_peak)
         r["arena_vs_original"] = reduction(arena, reference and reference["arena_bytes"])
         r["arena_reference"] = reference is r
@@ -108,6 +110,17 @@ def reduction(value, reference) -> float | None:
     if value is None or not reference:
         return None
     return 1 - value / reference
+
+
+def arena_floor(plan: dict) -> int:
+    """The most the device's arena holds at one step: its live tensors and the kernel scratch
+    placed beside them (optimize --workspace calibrate). No layout of the plan's order needs less;
+    what the arena has above it is fragmentation."""
+    if not plan.get("workspace"):
+        return plan["peak_live_bytes"]
+    device = {"tensors": [t for t in plan["tensors"] if "tier" not in t]}  # a slow tier has an arena of its own
+    scratch = [(w["step"], w["step"], w["bytes"]) for w in plan["workspace"]]
+    return max(live_curve(arena_spans(device) + scratch, len(plan["order"])), default=0)
 
 
 def workspace_figures(plan: dict) -> dict:
@@ -165,7 +178,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "total_bytes": plan["persistent_bytes"] + arena,
         # kernel scratch placed in the arena (optimize --workspace calibrate): buffers, bytes, the most at one step
         "workspace": workspace_figures(plan),
-        "fragmentation": (arena / peak - 1) if peak else 0.0,
+        "fragmentation": (arena / arena_floor(plan) - 1) if peak else 0.0,
         "peak_step": peak_step,
         "peak_node": plan["order"][peak_step] if plan["order"] else None,
         "order_bound": order_bound(plan),
@@ -419,7 +432,7 @@ def strategy_note(rows: list[dict]) -> str:
     ref = next((r for r in rows if r["arena_reference"]), None)
     arena = f"arena saved: less than {ref['order']} order + {ref['layout']} layout; " if ref else ""
     return (f"* = this plan; peak saved: less than the original order; {arena}"
-            "frag. = arena / peak live − 1")
+            "frag. = arena / peak live − 1 (kernel scratch in the arena counted as live)")
 
 
 def strategy_cells(r: dict) -> list[str]:
