@@ -45,18 +45,24 @@ def test_the_training_build_read_from_metadata_is_the_runtime_s_own():
     assert installed_training_build() == TRAINING_OPS
 
 
-def test_ort_order_matches_onnx_runtime_profiling(tmp_path):
-    path = save(shape_graph(), tmp_path / "m.onnx")
-    graph = import_model(path).graph
+def profiled_order(path: str, tmp_path, x: np.ndarray, execution_order=ort.ExecutionOrder.DEFAULT) -> list[str]:
+    """The nodes ONNX Runtime ran, in the order its profiler saw them (no graph optimisations)."""
     options = ort.SessionOptions()
     options.enable_profiling = True
     options.profile_file_prefix = str(tmp_path / "profile")
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    options.execution_order = execution_order
     session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    session.run(None, {"x": np.ones((4, 4), np.float32)})
+    session.run(None, {"x": x})
     events = json.loads(open(session.end_profiling()).read())
-    ran = [e["name"].removesuffix("_kernel_time") for e in events if e.get("cat") == "Node"
-           and e["name"].endswith("_kernel_time")]
+    return [e["name"].removesuffix("_kernel_time") for e in events if e.get("cat") == "Node"
+            and e["name"].endswith("_kernel_time")]
+
+
+def test_ort_order_matches_onnx_runtime_profiling(tmp_path):
+    path = save(shape_graph(), tmp_path / "m.onnx")
+    graph = import_model(path).graph
+    ran = profiled_order(path, tmp_path, np.ones((4, 4), np.float32))
     mm = memory.build(graph)
     assert [graph.nodes[i].name for i in ort_default(list(mm.preds), [n.op_type for n in graph.nodes])] == ran
 
@@ -93,16 +99,7 @@ def test_the_order_that_runs_has_shape_and_size_right_after_their_input(tmp_path
 def test_the_order_that_runs_is_onnx_runtime_s_priority_based_order(tmp_path):
     path = save(size_late_graph(), tmp_path / "m.onnx")
     graph = import_model(path).graph
-    options = ort.SessionOptions()
-    options.enable_profiling = True
-    options.profile_file_prefix = str(tmp_path / "profile")
-    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
-    options.execution_order = ort.ExecutionOrder.PRIORITY_BASED
-    session = ort.InferenceSession(path, options, providers=["CPUExecutionProvider"])
-    session.run(None, {"x": np.ones((4, 64), np.float32)})
-    events = json.loads(open(session.end_profiling()).read())
-    ran = [e["name"].removesuffix("_kernel_time") for e in events if e.get("cat") == "Node"
-           and e["name"].endswith("_kernel_time")]
+    ran = profiled_order(path, tmp_path, np.ones((4, 64), np.float32), ort.ExecutionOrder.PRIORITY_BASED)
     mm = memory.build(graph)
     assert [graph.nodes[i].name for i in order.runs(mm, list(range(len(graph.nodes))))] == ran
 
