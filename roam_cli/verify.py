@@ -307,12 +307,7 @@ def check_tiers(graph: Graph, tiers: Tiers | None, tensors: dict[str, dict], gro
                                 f"tier ({'kept there by the model' if r in homes else 'where its producer writes'})")
     if tiers is None:
         return tier_of
-    # initializers, constants and what is computed from them alone: ONNX Runtime folds them at the
-    # session's start and holds them itself, so a node of either tier reads them where they are
-    folded = set(graph.constants) | set(graph.initializers)
-    for n in graph.nodes:
-        if n.inputs and all(x in folded for x in n.inputs if x):
-            folded.update(n.outputs)
+    folded = folded_at_load(graph)  # ORT holds them itself: a node of either tier reads them where they are
     for n in graph.nodes:
         reads, writes = sides(n.name)
         for x in n.inputs if (n.domain, n.op_type) not in SHAPE_READERS else ():
@@ -429,15 +424,22 @@ def standard_replay(dropout: Node, chain: list[Node], initializers: set[str], re
         raise Violation(f"the replay of {dropout.name!r} reads other tensors than its input, mask, ratio and mode")
 
 
+def folded_at_load(graph: Graph) -> set[str]:
+    """Initializers, constants and what is computed from them alone: ONNX Runtime folds these at
+    the session's start and holds them itself."""
+    folded = set(graph.constants) | set(graph.initializers)
+    for n in graph.nodes:
+        if n.inputs and all(x in folded for x in n.inputs if x):
+            folded.update(n.outputs)
+    return folded
+
+
 def check_shape_nodes_first(graph: Graph, order: list[str], step: dict[str, int], produced_at: dict[str, int]) -> None:
     """The order is the one that runs: ONNX Runtime's priority-based order (what a plan's order
     runs under) takes Shape and Size first among the nodes ready to run, so each comes right after
     the node producing its input, with only other such nodes between (before every other node when
     the input is a graph input). One whose input ORT computes at load (from constants) is exempt."""
-    constant = set(graph.initializers) | set(graph.constants)
-    for n in graph.nodes:
-        if n.inputs and all(x in constant for x in n.inputs if x):
-            constant.update(n.outputs)
+    constant = folded_at_load(graph)
     shape_nodes = {n.name for n in graph.nodes if (n.domain, n.op_type) in SHAPE_READERS}
     for n in graph.nodes:
         if n.name not in shape_nodes or not n.inputs or n.inputs[0] in constant:

@@ -43,7 +43,7 @@ MAY_OVERWRITE = {("", op): (0, 0) for op in (
     "ThresholdedRelu", "Softmax", "LogSoftmax", "Cast", "Scatter", "ScatterElements")}
 # Ops ONNX Runtime runs as soon as their input exists: its priority-based order, the one that runs a
 # plan's order, takes them first among the nodes ready to run (PriorityNodeCompare in
-# onnxruntime/core/graph/graph_viewer.cc, every build since 1.x): right after the node producing
+# onnxruntime/core/graph/graph_viewer.cc; profiled on 1.19 and 1.32): right after the node producing
 # their input, or at the start when that is a graph input.
 EAGER_OPS = {("", "Shape"), ("", "Size")}
 ACCUMULATOR_OPS = {"InPlaceAccumulator", "InPlaceAccumulatorV2"}
