@@ -90,10 +90,11 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"node {node.name!r} at step {step[node.name]} reads {inp!r} before it is "
                                 f"produced (step {produced_at[inp]})")
 
-    check_shape_nodes_first(graph, plan["order"], step, produced_at)
+    folded = folded_at_load(graph)
+    check_shape_nodes_first(graph, plan["order"], step, produced_at, folded)
 
+    tiers = read_tiers(graph, plan)
     if "recompute" in plan:
-        tiers = read_tiers(graph, plan)
         # a transfer's output is its input in another tier: a copy may read either where its original reads one
         moved = {n.outputs[0]: n.inputs[0] for n in graph.nodes
                  if tiers is not None and n.name in tiers.transfers and n.inputs and n.outputs}
@@ -168,8 +169,7 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"{name!r} overwrites the storage of {other!r} at step {w}, but {other!r} "
                                 f"is read at step {late[0]}")
 
-    tiers = read_tiers(graph, plan)
-    tier_of = check_tiers(graph, tiers, tensors, group, root)
+    tier_of = check_tiers(graph, tiers, tensors, group, root, folded)
     # per tier: (its arena's bytes, the plan's peak live and persistent bytes there)
     stated = {DEVICE: (plan["arena_bytes"], plan["peak_live_bytes"], plan["persistent_bytes"])}
     if tiers is not None:
@@ -280,9 +280,10 @@ def read_tiers(graph: Graph, plan: dict) -> Tiers | None:
 
 
 def check_tiers(graph: Graph, tiers: Tiers | None, tensors: dict[str, dict], group: dict[str, list[str]],
-                root) -> dict[str, str]:
+                root, folded: set[str]) -> dict[str, str]:
     """Each tensor's tier (name -> tier), after checking that the plan says the same and that
-    every node reads and writes only the tier it runs in. A tensor of no bytes is in no tier."""
+    every node reads and writes only the tier it runs in (what ORT folds at load, `folded`, from
+    any tier). A tensor of no bytes is in no tier."""
     def sides(node: str) -> tuple[str, str]:
         return (DEVICE, DEVICE) if tiers is None else tiers.sides(node)
 
@@ -307,8 +308,7 @@ def check_tiers(graph: Graph, tiers: Tiers | None, tensors: dict[str, dict], gro
                                 f"tier ({'kept there by the model' if r in homes else 'where its producer writes'})")
     if tiers is None:
         return tier_of
-    folded = folded_at_load(graph)  # ORT holds them itself: a node of either tier reads them where they are
-    for n in graph.nodes:
+    for n in graph.nodes:  # ORT holds what it folds at load itself: a node of either tier reads it where it is
         reads, writes = sides(n.name)
         for x in n.inputs if (n.domain, n.op_type) not in SHAPE_READERS else ():
             if x and graph.values[x].nbytes and tier_of[x] != reads and x not in folded:
@@ -434,15 +434,15 @@ def folded_at_load(graph: Graph) -> set[str]:
     return folded
 
 
-def check_shape_nodes_first(graph: Graph, order: list[str], step: dict[str, int], produced_at: dict[str, int]) -> None:
+def check_shape_nodes_first(graph: Graph, order: list[str], step: dict[str, int], produced_at: dict[str, int],
+                            folded: set[str]) -> None:
     """The order is the one that runs: ONNX Runtime's priority-based order (what a plan's order
     runs under) takes Shape and Size first among the nodes ready to run, so each comes right after
     the node producing its input, with only other such nodes between (before every other node when
-    the input is a graph input). One whose input ORT computes at load (from constants) is exempt."""
-    constant = folded_at_load(graph)
+    the input is a graph input). One whose input ORT computes at load (`folded`) is exempt."""
     shape_nodes = {n.name for n in graph.nodes if (n.domain, n.op_type) in SHAPE_READERS}
     for n in graph.nodes:
-        if n.name not in shape_nodes or not n.inputs or n.inputs[0] in constant:
+        if n.name not in shape_nodes or not n.inputs or n.inputs[0] in folded:
             continue
         ready = produced_at.get(n.inputs[0], -1) + 1
         other = next((m for m in order[ready:step[n.name]] if m not in shape_nodes), None)

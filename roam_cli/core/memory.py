@@ -213,7 +213,8 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         writes_into.setdefault(graph.producer[r], []).append(state)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
-    overwritten = kernels_in_place(graph, storage_of, root, order)  # joined into storage_of as found
+    folded = folded_values(graph)
+    overwritten = kernels_in_place(graph, storage_of, root, folded, order)  # joined into storage_of as found
     alias.update(dict.fromkeys(overwritten, "inplace"))
     if overwritten:
         notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
@@ -300,7 +301,6 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     for a, b in extra_deps:
         preds[b].add(a)
     check_acyclic(graph, preds)
-    folded = folded_values(graph)
     eager = {i: graph.producer.get(n.inputs[0]) for i, n in enumerate(nodes)
              if (n.domain, n.op_type) in EAGER_OPS and n.inputs and n.inputs[0] not in folded}
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
@@ -333,8 +333,8 @@ def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
                  frozenset(homes))
 
 
-def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, order: list[int] | None = None
-                     ) -> dict[str, str]:
+def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, folded: set[str],
+                     order: list[int] | None = None) -> dict[str, str]:
     """Output -> input of the kernels that write their output into their input (MAY_OVERWRITE),
     where ONNX Runtime's planner would: the node reads the input's storage last and once. Without
     `order`, in any order: it is the only reader of the storage, apart from the views and in-place
@@ -342,10 +342,9 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, order: list
     in: every other reader runs before it (ORT counts the uses left when the node runs, so a
     recomputing copy, which reads a saved value after the forward's reader, writes into it). The
     storage is a node's transient output and holds no graph output nor a value ORT folds from
-    constants; input and output have the same shape and element size. Nodes are taken in the
+    constants (`folded`); input and output have the same shape and element size. Nodes are taken in the
     order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step."""
     outputs = set(graph.outputs)
-    folded = folded_values(graph)
     members: dict[str, list[str]] = {}  # storage root -> the names in it
     for name in graph.values:
         members.setdefault(root(name), []).append(name)
