@@ -18,6 +18,7 @@ from roam_cli.core.units import format_bytes, parse_bytes
 from roam_cli.cost import profile as cost_profile
 from roam_cli.frontend import training_graph
 from roam_cli.offload import planner as offload_planner
+from roam_cli.precision import PRECISIONS
 from roam_cli.outputs import report as report_mod
 from roam_cli.solvers import milp
 
@@ -958,6 +959,40 @@ def lower(obj, model, out_path, as_json):
                   f"{rewritten}", soft_wrap=True, highlight=False)
 
 
+@cli.command("emulate-bf16")
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
+              help="The graph the CPU provider runs, to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print how many nodes were emulated as JSON.")
+@click.pass_obj
+def emulate_bf16(obj, model, out_path, as_json):
+    """Make a bfloat16 graph runnable on ONNX Runtime's CPU provider, which has no bfloat16 arithmetic.
+
+    Each node without a bfloat16 kernel computes in float32 between a Cast of its inputs and a
+    rounding Cast of its results to bfloat16, as a GPU's bfloat16 kernel rounds; every bfloat16
+    tensor keeps its name, type and size. Plan the written graph: it is the one that runs.
+
+    \b
+    Example:
+      roam emulate-bf16 step.onnx -o step.cpu.onnx && roam optimize step.cpu.onnx -o plan.json
+    """
+    from roam_cli import lower as lower_mod
+    from roam_cli.frontend.onnx_import import load_model
+    from roam_cli.precision.emulate import emulate
+
+    check_output_path(out_path, [model])
+    source, _ = load_model(model)
+    count = emulate(source)
+    if not count:
+        raise RoamError(f"{model} has no bfloat16 node the CPU provider lacks a kernel for: it runs as it is")
+    lower_mod.relocate_weights(source, model, out_path)
+    write_atomic(out_path, source.SerializeToString())
+    if as_json:
+        out.print_json(json.dumps({"model": str(model), "output": str(out_path), "emulated_nodes": count}))
+    elif not obj["quiet"]:
+        out.print(f"wrote {out_path}: {count:,} bfloat16 nodes computed in float32 and rounded", highlight=False)
+
+
 @cli.command("make-training-graph")
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
@@ -997,9 +1032,16 @@ def lower(obj, model, out_path, as_json):
               help="Train an export whose BatchNorms the exporter folded into its convolutions as it is, the "
                    "folded convolution weights and biases its parameters (refused by default: it computes the "
                    "eval-mode function).")
+@click.option("--precision", type=click.Choice(list(PRECISIONS)),
+              help="Mixed precision: float32 master weights and optimizer state, matrix products and convolutions "
+                   "in bf16 or fp16 as torch.autocast runs them [default: what the export computes in].")
+@click.option("--grad-scaler", "scaler_settings", multiple=True, metavar="NAME=VALUE",
+              help="fp16's loss scaling over torch.amp.GradScaler's defaults (init_scale, growth_factor, "
+                   "backoff_factor, growth_interval, enabled).")
 @click.pass_obj
 def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, trainable, as_json, optimizer, in_graph,
-                        optimizer_path, checkpoint_path, dims, backend, fused, optimizer_settings, allow_folded_batchnorm):
+                        optimizer_path, checkpoint_path, dims, backend, fused, optimizer_settings, allow_folded_batchnorm,
+                        precision, scaler_settings):
     """Turn an inference ONNX export into a training graph: forward, loss, backward.
 
     Repairs what exporters leave out, reports which parameters survived the export, and builds
@@ -1025,7 +1067,8 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
                                in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
                                dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused,
                                allow_folded_batchnorm=allow_folded_batchnorm,
-                               optimizer_settings=parse_pairs(optimizer_settings, "--optimizer-setting", False))
+                               optimizer_settings=parse_pairs(optimizer_settings, "--optimizer-setting", False),
+                               precision=precision, scaler_settings=parse_pairs(scaler_settings, "--grad-scaler", False))
     if as_json:
         names = made.survey.names() if made.survey is not None else {}
         click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],

@@ -73,16 +73,18 @@ def static_types(model: onnx.ModelProto) -> dict:
         raise RoamError(f"the backward needs static shapes: {e}") from None
 
 
-def differentiate(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[list[onnx.NodeProto], Tape, dict]:
+def differentiate(model: onnx.ModelProto, wrt: list[str], loss: str, seed: str | None = None
+                  ) -> tuple[list[onnx.NodeProto], Tape, dict]:
     """The backward nodes of `model` (its nodes named, optional outputs added where a rule reads
-    them): the gradient of `loss` with respect to every name in `wrt`, as `<name>_grad`."""
+    them): the gradient of `loss` with respect to every name in `wrt`, as `<name>_grad`, the
+    backward starting from `seed` (a graph input of the loss's shape and type; default 1)."""
     g = model.graph
     name_nodes(g)
     tape = Tape(model, static_types(model))
     if tape.dtype(loss) not in FLOAT_TYPES:
         raise RoamError(f"the loss {loss!r} is not a floating-point tensor")
     active, path = on_path(g, set(wrt), loss, tape)
-    parts: dict[str, list[str]] = {loss: [tape.const(np.ones(tape.shape(loss)), tape.dtype(loss))]}  # d loss / d loss
+    parts: dict[str, list[str]] = {loss: [seed or tape.const(np.ones(tape.shape(loss)), tape.dtype(loss))]}
     nodes: list[onnx.NodeProto] = []
 
     def total(x: str, out: str | None = None) -> str:

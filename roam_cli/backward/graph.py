@@ -10,12 +10,14 @@ from onnx import helper
 from roam_cli.backward.engine import differentiate
 
 
-def gradient_model(model: onnx.ModelProto, wrt: list[str], loss: str) -> tuple[onnx.ModelProto, dict[str, str]]:
+def gradient_model(model: onnx.ModelProto, wrt: list[str], loss: str, seed: str | None = None
+                   ) -> tuple[onnx.ModelProto, dict[str, str]]:
     """A copy of `model` whose outputs are `loss` and the gradients of the names in `wrt` that the
-    loss depends on (name -> gradient name)."""
+    loss depends on (name -> gradient name); `seed`: the gradient of the loss itself (a scale),
+    1 by default."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    backward, tape, grads = differentiate(out, wrt, loss)
+    backward, tape, grads = differentiate(out, wrt, loss, seed)
     g = out.graph
     g.node.extend(backward)
     g.initializer.extend(tape.constants.values())

@@ -7,6 +7,7 @@ form (this graph, or the full step made from it) to standard ONNX before writing
 
 from __future__ import annotations
 
+import numpy as np
 import onnx
 from onnx import TensorProto, helper
 
@@ -15,15 +16,20 @@ from roam_cli.backward.graph import gradient_model
 from roam_cli.backward.loss import add_loss
 from roam_cli.backward.rewrite import fold_constants, fuse_gelu, inactive_dropouts_to_identity
 from roam_cli.backward.sequences import lower_sequences
+from roam_cli.core.errors import RoamError
 from roam_cli.frontend.training_graph import Artifacts, Survey
+from roam_cli.precision.autocast import autocast
 
 LAZY_RESET = "lazy_reset_grad"
 
 
-def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[str], loss: str
-                   ) -> tuple[onnx.ModelProto, list[str]]:
+def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[str], loss: str,
+                   low: int | None = None, loss_scale: str | None = None) -> tuple[onnx.ModelProto, list[str]]:
     """The artifacts-layout training graph of a repaired inference export, and the trainable
-    parameters the loss does not depend on (they get no gradient and stay as they are)."""
+    parameters the loss does not depend on (they get no gradient and stay as they are). `low`: the
+    forward computes in that type where the precision policy says (`precision.autocast`), its
+    parameters float32 masters. `loss_scale`: the gradients are of the loss times this graph input
+    (fp16's loss scaling), which the backward starts from; the loss output stays unscaled."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     lower_sequences(out)  # before shape inference, which sees tensors only
@@ -33,7 +39,14 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     inactive_dropouts_to_identity(out)
     as_inputs(out.graph, [*trainable, *frozen])
     fold_constants(out, types)  # after as_inputs: no parameter is read
-    training, grads = gradient_model(out, trainable, loss_name)
+    if low is not None or loss_scale is not None:  # the forward's types as they are now, the loss's included
+        types = static_types(out)
+    if low is not None:
+        autocast(out, low, types)
+        fold_constants(out, types)  # the casts of constants
+    if loss_scale is not None:
+        out.graph.input.append(helper.make_tensor_value_info(loss_scale, TensorProto.FLOAT, scalar_loss(loss_name, types)))
+    training, grads = gradient_model(out, trainable, loss_name, seed=loss_scale)
     g = training.graph
     read = {x for n in g.node for x in n.input}
     kept = [t for t in g.initializer if t.name in read]  # constants of fused-away nodes go
@@ -59,6 +72,16 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     return training, [p for p in trainable if p not in grads]
 
 
+def scalar_loss(loss: str, types: dict) -> list[int]:
+    """The loss's shape; loss scaling multiplies one number, so the loss must be a float32 scalar."""
+    dtype, shape = types[loss]
+    if dtype != TensorProto.FLOAT or int(np.prod(shape)) != 1:
+        raise RoamError(f"fp16 loss scaling needs a loss: the first output {loss!r} is "
+                        f"{TensorProto.DataType.Name(dtype).lower()}{list(shape)}, not a float32 scalar; give --loss "
+                        "to add one, or --grad-scaler enabled=false")
+    return list(shape)
+
+
 def as_inputs(g: onnx.GraphProto, names: list[str]) -> None:
     """Initializers `names` become graph inputs (no weight is copied: only their types move)."""
     chosen = set(names)
@@ -69,12 +92,14 @@ def as_inputs(g: onnx.GraphProto, names: list[str]) -> None:
     g.input.extend(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)) for t in moved)
 
 
-def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None) -> Artifacts:
+def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | None, low: int | None = None,
+          loss_scale: str | None = None) -> Artifacts:
     """`training_graph.build`'s counterpart with roam's backward: no torch, no onnxruntime-training.
     No optimizer graph (ONNX Runtime's is made of its training ops); parameters the loss does not
-    depend on move from `chosen.trainable` to `chosen.unreached` and keep their values."""
+    depend on move from `chosen.trainable` to `chosen.unreached` and keep their values. `low` and
+    `loss_scale`: mixed precision (`training_model`)."""
     inits = {t.name: t for t in model.graph.initializer}
-    training, unreached = training_model(model, chosen.trainable, chosen.frozen, loss)
+    training, unreached = training_model(model, chosen.trainable, chosen.frozen, loss, low, loss_scale)
     chosen.unreached = unreached
     chosen.trainable = [p for p in chosen.trainable if p not in unreached]
     parameters = ([inits[p] for p in chosen.trainable if p in inits],

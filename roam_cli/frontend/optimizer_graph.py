@@ -13,7 +13,13 @@ same way.
 The maths is ONNX Runtime's: `AdamWOptimizer` with adam_mode 1 and bias correction (the
 correction folded into the learning rate, weight decay after the update) and `SGDOptimizerV2`
 (w -= lr * g), so one step matches the artifacts optimizer graph. `step` counts the updates
-done before this one; the update uses step + 1, which it also writes to `step.out`."""
+done before this one; the update uses step + 1, which it also writes to `step.out`.
+
+With a `GradScaler` (fp16 mixed precision) the step scales its loss as torch.amp.GradScaler does:
+the backward starts from the scale (state `grad_scaler.scale`, made a graph input by the
+backward), every update reads its gradient times 1 / scale, and the updates run after the check
+that every gradient is finite; a step with a gradient that is not updates no parameter, moment
+or step counter, and the scale backs off; after `growth_interval` clean steps in a row it grows."""
 
 from __future__ import annotations
 
@@ -31,6 +37,9 @@ ACCUMULATORS = {("com.microsoft", "InPlaceAccumulatorV2"), ("com.microsoft", "In
 # Ops that write new running statistics: output index -> the input holding the old value.
 RUNNING_STATS = {("com.microsoft", "BatchNormInternal"): {1: 3, 2: 4}, ("", "BatchNormalization"): {1: 3, 2: 4}}
 LEARNING_RATE, STEP = "learning_rate", "step"  # the artifacts optimizer graph's names
+LOSS_SCALE, GROWTH_TRACKER = "grad_scaler.scale", "grad_scaler.growth_tracker"  # torch's GradScaler's state
+# metadata_props key: {state input: its first value} for the states that do not start at zero
+INITIAL_KEY = "roam.initial_state"
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,25 @@ class SGD:
 OPTIMIZERS = {"adamw": AdamW(), "sgd": SGD()}
 
 
+@dataclass(frozen=True)
+class GradScaler:
+    """torch.amp.GradScaler's defaults. The non-finite check reads the scaled gradients, GradScaler
+    the unscaled ones: the same but where the scale has backed off below 1 and a gradient divided
+    by it overflows float32."""
+
+    init_scale: float = 65536.0
+    growth_factor: float = 2.0
+    backoff_factor: float = 0.5
+    growth_interval: int = 2000
+    enabled: bool = True
+
+    def __post_init__(self):
+        if not (self.init_scale > 0 and self.growth_factor > 1 and 0 < self.backoff_factor < 1
+                and self.growth_interval >= 1):
+            raise RoamError("GradScaler: init_scale > 0, growth_factor > 1, 0 < backoff_factor < 1 and "
+                            "growth_interval >= 1, as torch.amp.GradScaler requires")
+
+
 def gradient_accumulators(g: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     """parameter -> its accumulator node (inputs: buffer, <parameter>_grad, lazy_reset_grad)."""
     found = {}
@@ -68,8 +96,10 @@ def gradient_accumulators(g: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return found
 
 
-def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw") -> onnx.ModelProto:
-    """The whole training step of an artifacts training graph, as a new model."""
+def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw",
+              scaler: GradScaler | None = None) -> onnx.ModelProto:
+    """The whole training step of an artifacts training graph, as a new model; with `scaler`, its
+    loss scaled (the training graph's backward starts from LOSS_SCALE)."""
     opt = OPTIMIZERS[optimizer] if isinstance(optimizer, str) else optimizer
     g = training.graph
     accumulators = gradient_accumulators(g)
@@ -91,15 +121,17 @@ def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw")
     taken = (still_read | {x for n in kept for x in n.output} | {n.name for n in kept}
              | (set(states) - dropped_inputs))
 
+    if scaler is not None and LOSS_SCALE not in states:
+        raise RoamError(f"fp16 loss scaling needs a backward that starts from the loss scale ({LOSS_SCALE!r}); this "
+                        "training graph's does not: make it from the inference export with --precision fp16")
     w = Writer(taken)
     new_inputs = [w.input(LEARNING_RATE, TensorProto.FLOAT, [1])]
     lr = LEARNING_RATE
-    pairs: dict[str, str] = {}  # new value -> state it replaces
+    new: dict[str, str] = {}  # state -> its new value
     if isinstance(opt, AdamW):
         new_inputs.append(w.input(STEP, TensorProto.INT64, [1]))
-        step_out = w.op("Add", STEP, w.const(1, np.int64), out=f"{STEP}.out")
-        pairs[step_out] = STEP
-        t = w.op("Cast", step_out, to=TensorProto.FLOAT)
+        new[STEP] = w.op("Add", STEP, w.const(1, np.int64), out=None if scaler else f"{STEP}.out")
+        t = w.op("Cast", new[STEP], to=TensorProto.FLOAT)
         one = w.const(1.0)
         bias1 = w.op("Sub", one, w.op("Pow", w.const(opt.beta1), t))
         bias2 = w.op("Sub", one, w.op("Pow", w.const(opt.beta2), t))
@@ -110,41 +142,57 @@ def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw")
         eps = w.op("Mul", w.const(opt.eps), w.op("Sqrt", bias2)) if torch_maths else w.const(opt.eps)
     head, w.nodes = w.nodes, []
 
-    # Each update runs right after the last node that reads the parameter's old value or makes its gradient.
+    # Each update runs right after the last node that reads the parameter's old value or makes its
+    # gradient; with loss scaling, after the check that reads every gradient.
     last_use = {}
     for i, n in enumerate(kept):
         for x in list(n.input) + [o[: -len("_grad")] for o in n.output if o.endswith("_grad")]:
             if x in accumulators:
                 last_use[x] = i
     chains: dict[int, list[onnx.NodeProto]] = {}
+    tail: list[onnx.NodeProto] = []
+    if scaler is not None:
+        w.nodes = tail
+        inverse = w.op("Reciprocal", LOSS_SCALE)
+        found = non_finite(w, [f"{p}_grad" for p in accumulators])
+
+    def out(state: str) -> str | None:
+        """The name an update writes: the state's `.out`, or a fresh one the skip chooses from."""
+        return None if scaler else f"{state}.out"
+
     for p in accumulators:
-        w.nodes = chains.setdefault(last_use[p], [])
-        grad = f"{p}_grad"
+        w.nodes = tail if scaler else chains.setdefault(last_use[p], [])
+        grad = w.op("Mul", f"{p}_grad", inverse) if scaler else f"{p}_grad"
         if isinstance(opt, AdamW):
             m, v = f"{p}.exp_avg", f"{p}.exp_avg_sq"
             new_inputs += [w.input(m, TensorProto.FLOAT, states[p][1]), w.input(v, TensorProto.FLOAT, states[p][1])]
-            m_out = w.op("Add", w.op("Mul", m, w.const(opt.beta1)), w.op("Mul", grad, w.const(1.0 - opt.beta1)),
-                         out=f"{m}.out")
-            v_out = w.op("Add", w.op("Mul", v, w.const(opt.beta2)),
-                         w.op("Mul", w.op("Mul", grad, grad), w.const(1.0 - opt.beta2)), out=f"{v}.out")
-            denom = w.op("Add", w.op("Sqrt", v_out), eps)
-            update = w.op("Mul", w.op("Div", m_out, denom), lr_corrected)
+            new[m] = w.op("Add", w.op("Mul", m, w.const(opt.beta1)), w.op("Mul", grad, w.const(1.0 - opt.beta1)),
+                          out=out(m))
+            new[v] = w.op("Add", w.op("Mul", v, w.const(opt.beta2)),
+                          w.op("Mul", w.op("Mul", grad, grad), w.const(1.0 - opt.beta2)), out=out(v))
+            denom = w.op("Add", w.op("Sqrt", new[v]), eps)
+            update = w.op("Mul", w.op("Div", new[m], denom), lr_corrected)
             if lr_decay is None:
-                p_out = w.op("Sub", p, update, out=f"{p}.out")
+                new[p] = w.op("Sub", p, update, out=out(p))
             elif torch_maths:  # decay, then the update
-                p_out = w.op("Sub", w.op("Sub", p, w.op("Mul", p, lr_decay)), update, out=f"{p}.out")
+                new[p] = w.op("Sub", w.op("Sub", p, w.op("Mul", p, lr_decay)), update, out=out(p))
             else:  # the update, then decay
                 moved = w.op("Sub", p, update)
-                p_out = w.op("Sub", moved, w.op("Mul", moved, lr_decay), out=f"{p}.out")
-            pairs.update({m_out: m, v_out: v})
+                new[p] = w.op("Sub", moved, w.op("Mul", moved, lr_decay), out=out(p))
         else:
-            p_out = w.op("Sub", p, w.op("Mul", grad, lr), out=f"{p}.out")
-        pairs[p_out] = p
+            new[p] = w.op("Sub", p, w.op("Mul", grad, lr), out=out(p))
+    if scaler is not None:  # a step whose gradients are not all finite keeps every state as it was
+        w.nodes = tail
+        new = {state: w.op("Where", found, state, value, out=f"{state}.out") for state, value in new.items()}
+        new_inputs.append(w.input(GROWTH_TRACKER, TensorProto.INT64, states[LOSS_SCALE][1]))
+        new.update(scale_update(w, scaler, found, states[LOSS_SCALE][1]))
+    pairs = {value: state for state, value in new.items()}  # new value -> state it replaces
 
     nodes = list(head)
     for i, n in enumerate(kept):
         nodes.append(n)
         nodes.extend(chains.get(i, []))
+    nodes.extend(tail)
     pairs.update(running_stat_outputs(nodes, states, w))
     states.update({vi.name: (vi.type.tensor_type.elem_type, [d.dim_value for d in vi.type.tensor_type.shape.dim])
                    for vi in new_inputs})
@@ -166,7 +214,34 @@ def full_step(training: onnx.ModelProto, optimizer: str | AdamW | SGD = "adamw")
     del graph.value_info[:]
     graph.value_info.extend(kept_info)
     out.metadata_props.add(key=INPLACE_KEY, value=json.dumps(pairs))
+    if scaler is not None:
+        out.metadata_props.add(key=INITIAL_KEY, value=json.dumps({LOSS_SCALE: scaler.init_scale}))
     return out
+
+
+def non_finite(w: "Writer", grads: list[str]) -> str:
+    """Whether any element of `grads` is infinite or NaN: the sum of their L1 norms is then
+    infinite or NaN (a sum of finite float32 values overflows only past 3.4e38). One scalar per
+    gradient, no copy of any."""
+    norms = [w.op("ReduceL1", x, keepdims=0) for x in grads]
+    total = w.op("Sum", *norms) if len(norms) > 1 else norms[0]
+    return w.op("Or", w.op("IsInf", total), w.op("IsNaN", total))
+
+
+def scale_update(w: "Writer", s: GradScaler, found: str, shape: list[int]) -> dict[str, str]:
+    """torch.amp.GradScaler.update: backed off and the count restarted after a step with a
+    non-finite gradient; else the count of clean steps grows, and at `growth_interval` the scale
+    grows (where the grown scale is finite) and the count restarts."""
+    counted = w.op("Add", GROWTH_TRACKER, w.const(1, np.int64, shape))
+    due = w.op("Equal", counted, w.const(s.growth_interval, np.int64, shape))
+    grown = w.op("Mul", LOSS_SCALE, w.const(s.growth_factor, np.float32, shape))
+    grows = w.op("And", due, w.op("Not", w.op("IsInf", grown)))
+    clean = w.op("Where", grows, grown, LOSS_SCALE)
+    scale = w.op("Where", found, w.op("Mul", LOSS_SCALE, w.const(s.backoff_factor, np.float32, shape)), clean,
+                 out=f"{LOSS_SCALE}.out")
+    zero = w.const(0, np.int64, shape)
+    tracker = w.op("Where", found, zero, w.op("Where", due, zero, counted), out=f"{GROWTH_TRACKER}.out")
+    return {LOSS_SCALE: scale, GROWTH_TRACKER: tracker}
 
 
 def running_stat_outputs(nodes: list[onnx.NodeProto], states: dict, w: "Writer") -> dict[str, str]:
@@ -206,12 +281,12 @@ class Writer:
     def input(self, name: str, dtype: int, shape: list[int]) -> onnx.ValueInfoProto:
         return helper.make_tensor_value_info(self.claim(name), dtype, shape)
 
-    def const(self, value, dtype=np.float32) -> str:
-        """A one-element initializer (shape [1], like learning_rate and step)."""
-        key = (float(value), np.dtype(dtype).name)
+    def const(self, value, dtype=np.float32, shape=(1,)) -> str:
+        """A one-element initializer (shape [1], like learning_rate and step, unless `shape`)."""
+        key = (float(value), np.dtype(dtype).name, tuple(shape))
         if key not in self.constants:
             self.constants[key] = name = self.fresh("const")
-            self.initializers.append(numpy_helper.from_array(np.array([value], dtype=dtype), name))
+            self.initializers.append(numpy_helper.from_array(np.full(shape, value, dtype=dtype), name))
         return self.constants[key]
 
     def op(self, op_type: str, *inputs: str, out: str | None = None, **attrs) -> str:

@@ -70,7 +70,7 @@ def optimize(model_path: Path, level: str, provider: str, out: Path) -> Path | N
     optimise (it folds constants), so a model whose external data file is absent is refused."""
     check_device(provider)
     model, _ = load_model(model_path)
-    check_runs(model, str(model_path))
+    check_runs(model, str(model_path), provider)
     external = external_data_files(model)
     absent = sorted(f for f in external if not (model_path.parent / f).is_file())
     if absent:

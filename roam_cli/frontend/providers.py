@@ -14,6 +14,7 @@ import onnxruntime as ort
 from onnxruntime.capi import _pybind_state, build_and_package_info
 
 from roam_cli.core.errors import RoamBug, RoamError, first_line
+from roam_cli.precision.emulate import emulate, lacking
 
 PACKAGE = getattr(build_and_package_info, "package_name", "onnxruntime")
 RUNTIME = f"{PACKAGE} {ort.__version__}"
@@ -77,11 +78,24 @@ def one_runtime() -> None:
                         "module and overwrite each other's files; pip uninstall all of them, then install one")
 
 
-def check_runs(model: onnx.ModelProto, what: str) -> None:
+def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: bool = False) -> None:
     """Before a session: refuse a node whose op this ONNX Runtime has no kernel for, naming the op and
-    the node (ORT would say it in a traceback). onnxruntime-training runs every op roam meets."""
+    the node (ORT would say it in a traceback). onnxruntime-training runs every op roam meets; no
+    build runs bfloat16 arithmetic on the CPU provider. `planned`: the session serves a plan of this
+    graph, which must be the graph that runs: the CPU provider runs a float16 node it has no kernel
+    for between float32 casts it inserts, which only a plan of its optimised graph holds."""
     one_runtime()
-    if TRAINING_OPS or not hasattr(_pybind_state, "get_all_opkernel_def"):
+    if not hasattr(_pybind_state, "get_all_opkernel_def"):
+        return
+    if device == "cpu" and (missing := lacking(model)):
+        raise RoamError(f"{what}: {nodes_of(missing)} compute in bfloat16, which ONNX Runtime's CPU provider has no "
+                        "kernels for: run it with --provider cuda, or emulate them in float32 on the CPU with "
+                        "`roam emulate-bf16 MODEL -o EMULATED` and plan that graph")
+    if device == "cpu" and planned and (missing := lacking(model, dtype=onnx.TensorProto.FLOAT16)):
+        raise RoamError(f"{what}: ONNX Runtime's CPU provider runs {nodes_of(missing)} in float32 between casts it "
+                        "inserts, which this plan does not hold: plan the graph it runs with `roam optimize MODEL "
+                        "--ort-optimized`")
+    if TRAINING_OPS:
         return
     kernels = {(k.domain, k.op_name) for k in _pybind_state.get_all_opkernel_def()}
     local = {(f.domain, f.name) for f in model.functions}
@@ -90,6 +104,12 @@ def check_runs(model: onnx.ModelProto, what: str) -> None:
         if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
+
+
+def nodes_of(nodes: list[onnx.NodeProto]) -> str:
+    """`12 nodes (MatMul, Add; first 'node_addmm')`."""
+    ops = ", ".join(dict.fromkeys(n.op_type for n in nodes))
+    return f"{len(nodes)} nodes ({ops}; first {nodes[0].name!r})"
 
 
 @functools.cache
@@ -127,6 +147,7 @@ def check_loads(model: onnx.ModelProto, what: str, folder: Path) -> None:
     options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     probe = onnx.ModelProto()
     probe.CopyFrom(model)
+    emulate(probe)  # bfloat16 arithmetic, which the CPU provider has no kernels for, checked as it is emulated
     for key, value in locate_weights(probe, folder).items():
         options.add_session_config_entry(key, value)
     try:

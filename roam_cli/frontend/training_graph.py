@@ -37,6 +37,7 @@ from onnx import TensorProto
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.frontend.parameters import FLOAT_TYPES, Found, find
 from roam_cli.frontend.recover import SOURCE_KEY, added_values, recover
+from roam_cli.precision import LOW_TYPES, low_type, masters
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
 MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
@@ -94,6 +95,7 @@ class Survey:
     unreached: list[str] = field(default_factory=list)  # named trainable, but the loss does not depend on them
     unfed: list[str] = field(default_factory=list)  # constants whose external data is absent: graph inputs
     recovered: dict[str, str] = field(default_factory=dict)  # folded constant -> the parameter it is trained as
+    rounded: tuple[list[str], str] = ([], "")  # trainable parameters the export held in a low type, and the type
 
     def warnings(self) -> list[str]:
         out = self.found.warnings() if self.found else []
@@ -106,6 +108,11 @@ class Survey:
             out.append(f"{len(self.shared)} parameters are each read by several nodes in the same role ({name}: {n}): "
                        "tied weights, or equal initial values the exporter merged into one? if merged, perturb the "
                        "weights before exporting or export with optimize=False")
+        names, low = self.rounded
+        if names:
+            out.append(f"{len(names)} parameters are {low} in the export ({', '.join(names[:3])}"
+                       f"{', ...' if len(names) > 3 else ''}): they train as float32 masters that start from the "
+                       f"rounded {low} values; export in float32 to start from the full-precision weights")
         if self.unreached:
             out.append(f"{len(self.unreached)} parameters do not affect the loss ({', '.join(self.unreached[:3])}"
                        f"{', ...' if len(self.unreached) > 3 else ''}): they get no gradient and are not updated")
@@ -119,7 +126,7 @@ class Survey:
                 "recovered": self.recovered, "folded": dict(f.folded) if f else {},
                 "merged": dict(f.merged) if f else {}, "missing": list(f.missing) if f else [],
                 "tied": dict(f.tied) if f else {}, "computed": list(f.computed) if f else [], "unfed": self.unfed,
-                "exporter": f.exporter if f else ""}
+                "exporter": f.exporter if f else "", "rounded": self.rounded[0]}
 
 
 def matching(patterns: list[str], names: list[str], option: str, what: str) -> list[str]:
@@ -347,7 +354,8 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
          frozen: list[str] = (), trainable: list[str] = (), optimizer: str = "adamw", in_graph: bool = False,
          optimizer_path: Path | None = None, checkpoint_path: Path | None = None, dims: dict[str, int] | None = None,
          backward=build, fused: bool = False, allow_folded_batchnorm: bool = False,
-         optimizer_settings: dict[str, str] | None = None) -> Made:
+         optimizer_settings: dict[str, str] | None = None, precision: str | None = None,
+         scaler_settings: dict[str, str] | None = None) -> Made:
     """`roam make-training-graph`: the training graph (and its optimizer graph), or the full step,
     in standard ONNX (every graph lowered before any is written), or with `fused` as ORT makes them.
 
@@ -360,10 +368,15 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     they are (`recover`); an export whose BatchNorms were folded into its convolutions computes
     another function and is refused unless `allow_folded_batchnorm`. Every graph is checked by
     the onnx checker and an ONNX Runtime session before it is written (`providers.check_loads`),
-    and records where its parameters came from (`SOURCE_KEY`) for `roam train`'s weights."""
+    and records where its parameters came from (`SOURCE_KEY`) for `roam train`'s weights.
+
+    `precision` (fp32, bf16, fp16; default: what the export computes in) makes the mixed-precision
+    step: float32 masters, the forward in the low type where the policy says (`roam_cli.precision`),
+    fp16's loss scaled inside the step (`scaler_settings` over GradScaler's defaults). An export
+    already in low precision is brought back to float32 first (`precision.masters`)."""
     from roam_cli.core.fileio import check_output_path, write_atomic
     from roam_cli.frontend.onnx_import import external_data_files, load_model
-    from roam_cli.frontend.optimizer_graph import full_step, gradient_accumulators
+    from roam_cli.frontend.optimizer_graph import LOSS_SCALE, full_step, gradient_accumulators
     from roam_cli.frontend.providers import check_loads
     from roam_cli.lower import lower_model
 
@@ -386,7 +399,13 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
             write_atomic(path, proto.SerializeToString())
             written.append((path, what, len(proto.graph.node)))
 
+    exported_low = masters.low_type_of(model)
+    low = exported_low if precision is None else low_type(precision)
+    scaler = grad_scaler(scaler_settings or {}, low, in_graph)
     if gradient_accumulators(model.graph):
+        if precision is not None or scaler_settings:
+            raise RoamError("--precision and --grad-scaler apply to inference exports: this training graph's backward "
+                            "is already built in its types")
         if not in_graph:
             raise RoamError(f"{infer_path} already is a training graph; add --in-graph-optimizer to turn it into "
                             "one graph for the whole training step")
@@ -399,12 +418,18 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     if loss is None:
         raise RoamError("--loss is required for an inference export (none: its first output already is the loss)")
     if backward is build:
+        if low is not None:
+            raise RoamError(f"--precision {LOW_TYPES[low]}: mixed precision is built by roam's backward (the default "
+                            "--backend); ONNX Runtime's artifacts differentiate the graph as it is")
         training_api()  # before any work: what to install, if the backward cannot be built here
     elif fused:
         raise RoamError("--fused keeps the fused ops of ONNX Runtime's backward: give --backend ort-artifacts too")
     absent = sorted(f for f in external_data_files(model) if not (infer_path.parent / f).is_file())
     if checkpoint_path and absent:  # refused before any work: the checkpoint is the one output needing weights
         raise RoamError(f"--checkpoint needs the weights, but external data file {absent[0]} is absent")
+    if checkpoint_path and exported_low is not None:
+        raise RoamError(f"--checkpoint: the export's weights are {LOW_TYPES[exported_low]}; the step's float32 masters "
+                        "are made from them by roam train, which reads the export")
     repaired = repair(model)
     clamp_ir(model)
     found = find(model)
@@ -420,8 +445,12 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     chosen.unfed = embed_constants(model, chosen.constants, infer_path.parent)
     chosen.frozen += chosen.unfed
     chosen.constants = [x for x in chosen.constants if x not in chosen.unfed]
-    built = backward(model, chosen, loss, None if in_graph else optimizer)
-    graph = full_step(built.training, step_optimizer) if in_graph else built.training
+    if exported_low is not None:
+        rounded = set(masters.to_float32(model, exported_low, [*chosen.trainable, *chosen.frozen]))
+        chosen.rounded = ([x for x in chosen.trainable if x in rounded], LOW_TYPES[exported_low])
+    mixed = {} if low is None else {"low": low, "loss_scale": LOSS_SCALE if scaler else None}
+    built = backward(model, chosen, loss, None if in_graph else optimizer, **mixed)
+    graph = full_step(built.training, step_optimizer, scaler) if in_graph else built.training
     source = {"model": os.path.relpath(infer_path.resolve(), out_path.resolve().parent), **recovered.record()}
     graph.metadata_props.add(key=SOURCE_KEY, value=json.dumps(source))
     if checkpoint_path:  # first: reading the weights may still fail
@@ -436,6 +465,22 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     return Made(chosen, repaired, written)
 
 
+def grad_scaler(settings: dict[str, str], low: int | None, in_graph: bool):
+    """fp16's loss scaling (GradScaler's defaults, `settings` over them; `enabled=false` turns it
+    off), None for other precisions; refused where the step has no update to skip."""
+    from roam_cli.frontend.optimizer_graph import GradScaler
+
+    if settings and low != TensorProto.FLOAT16:
+        raise RoamError("--grad-scaler applies to fp16 steps (--precision fp16): bf16 and fp32 need no loss scaling")
+    scaler = typed_settings(GradScaler(), settings, "--grad-scaler", "GradScaler")
+    if low != TensorProto.FLOAT16 or not scaler.enabled:
+        return None
+    if not in_graph:
+        raise RoamError("--precision fp16 scales the loss inside the step, whose update a step with an overflow skips: "
+                        "add --in-graph-optimizer (or --grad-scaler enabled=false)")
+    return scaler
+
+
 def copy_of(t: onnx.TensorProto) -> onnx.TensorProto:
     out = onnx.TensorProto()
     out.CopyFrom(t)
@@ -447,21 +492,34 @@ def in_graph_optimizer(name: str, settings: dict[str, str], in_graph: bool):
     field's type) over its defaults."""
     from roam_cli.frontend.optimizer_graph import OPTIMIZERS
 
-    default = OPTIMIZERS[name]
     if settings and not in_graph:
         raise RoamError("--optimizer-setting applies to the in-graph optimizer: add --in-graph-optimizer")
+    return typed_settings(OPTIMIZERS[name], settings, "--optimizer-setting", name)
+
+
+def typed_settings(default, settings: dict[str, str], option: str, what: str):
+    """The dataclass `default` with `settings` (each in its field's type) over it."""
     known = set(dataclasses.asdict(default))
     for key, value in settings.items():
         if key not in known:
-            raise RoamError(f"--optimizer-setting {key}: {name} has {', '.join(sorted(known)) or 'no settings'}")
+            raise RoamError(f"{option} {key}: {what} has {', '.join(sorted(known)) or 'no settings'}")
     typed = {}
     for key, value in settings.items():
         kind = type(getattr(default, key))
         try:
-            typed[key] = kind(value)
+            typed[key] = parse_bool(value) if kind is bool else kind(value)
         except ValueError:
-            raise RoamError(f"--optimizer-setting {key}: {value!r} is not a {kind.__name__}") from None
-    return dataclasses.replace(default, **typed)
+            raise RoamError(f"{option} {key}: {value!r} is not a {kind.__name__}") from None
+    try:
+        return dataclasses.replace(default, **typed)
+    except TypeError as e:
+        raise RoamError(f"{option}: {e}") from None
+
+
+def parse_bool(value: str) -> bool:
+    if value.lower() not in ("true", "false", "1", "0"):
+        raise ValueError(value)
+    return value.lower() in ("true", "1")
 
 
 def write_checkpoint(parameters: tuple, base_dir: Path, path: Path) -> None:

@@ -187,16 +187,18 @@ def summary(before: onnx.ModelProto, after: onnx.ModelProto) -> dict:
             "rewritten": dict(sorted(rewritten.items())), "nonstandard_after": len(nonstandard_nodes(after))}
 
 
-def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path) -> None:
-    """Write the lowered model atomically, recording its source; external weights stay where
-    they are, referenced from the output's folder."""
-    def relative(target: Path) -> str:
-        return Path(os.path.relpath(target.resolve(), out.resolve().parent)).as_posix()
-
-    for init in lowered.graph.initializer:
+def relocate_weights(model: onnx.ModelProto, source: Path, out: Path) -> None:
+    """`model`, read from `source` and to be written to `out`: its external weights stay where they
+    are, referenced from the output's folder."""
+    for init in model.graph.initializer:
         for kv in init.external_data:
             if kv.key == "location":
-                kv.value = relative(source.parent / kv.value)
+                kv.value = Path(os.path.relpath((source.parent / kv.value).resolve(), out.resolve().parent)).as_posix()
+
+
+def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path) -> None:
+    """Write the lowered model atomically, recording its source (`relocate_weights`)."""
+    relocate_weights(lowered, source, out)
     meta = [p for p in lowered.metadata_props if p.key != LOWERED_FROM_KEY]
     del lowered.metadata_props[:]
     lowered.metadata_props.extend(meta)

@@ -298,7 +298,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     """execute_plan() on the plan's graph, read from `model_path`."""
     say = progress or (lambda message: None)
     seconds: dict[str, float] = {}
-    check_runs(imported.model, str(model_path))
+    check_runs(imported.model, str(model_path), device, planned=True)
     graph = imported.graph
     storage_roots(graph, plan)  # a plan the replay cannot follow safely stops here
     notes = []

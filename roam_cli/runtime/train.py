@@ -14,6 +14,7 @@ and an unplanned one draw the same masks."""
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import tempfile
@@ -30,7 +31,7 @@ from roam_cli import pair, verify
 from roam_cli.core import memory
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.core.units import format_bytes
-from roam_cli.frontend.optimizer_graph import LEARNING_RATE, gradient_accumulators
+from roam_cli.frontend.optimizer_graph import INITIAL_KEY, LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
@@ -93,7 +94,7 @@ class PlannedSession:
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
-            check_runs(imported.model, str(model_path))
+            check_runs(imported.model, str(model_path), device, planned=True)
             self.graph = imported.graph
             self.source = weights.source_of(imported.model, imported.path.resolve().parent)
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
@@ -284,14 +285,18 @@ def ort_arena_log(device: str):
 
 def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed: int,
                     learning_rate: float, kinds: dict[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
-    """Every input's first value: `given`, else optimizer state zero (Adam's moments and step
-    start there), `learning_rate` the option's, and the rest synthetic. Returns (values, the
-    names synthesised)."""
+    """Every input's first value: `given` (a weight the export holds in a low-precision type widened
+    to the step's float32 master), else the step's recorded first value (INITIAL_KEY: fp16's loss
+    scale), else optimizer state zero (Adam's moments and step start there), `learning_rate` the
+    option's, and the rest synthetic. Returns (values, the names synthesised)."""
     specs = input_specs(session.graph)
+    initial = json.loads(session.graph.metadata.get(INITIAL_KEY, "{}"))
     values, synthesised = {}, []
     for name, dtype, shape in specs:
         if name in given:
-            values[name] = given[name]
+            values[name] = widened(given[name], np.dtype(dtype))
+        elif name in initial:
+            values[name] = np.full(shape, initial[name], dtype=dtype)
         elif kinds.get(name) == "optimizer_state":
             values[name] = np.zeros(shape, dtype=dtype)
         elif name == LEARNING_RATE:
@@ -300,6 +305,13 @@ def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed:
             synthesised.append(name)
     values |= synthesize([(name, np.dtype(dtype), shape) for name, dtype, shape in specs if name in synthesised], seed)
     return values, synthesised
+
+
+def widened(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
+    """A low-precision float value as the float32 master it starts (an export's bf16 or fp16 weight);
+    any other value as it is (read_batches refuses a batch of the wrong type)."""
+    low = value.dtype.itemsize == 2 and value.dtype.kind in "fV" and dtype == np.float32
+    return value.astype(dtype) if low else value
 
 
 def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.ndarray]:
@@ -434,9 +446,11 @@ def relative_difference(ref: np.ndarray, got: np.ndarray) -> float:
     """max |got - ref| relative to the reference's largest magnitude, or to NOISE_FLOOR when it holds
     nothing larger: such a tensor is rounding noise, whose relative difference means nothing (BERT's
     attention key biases have a zero gradient in exact arithmetic, softmax ignores them; after a few
-    AdamW steps they and their moments hold 1e-10 to 1e-25 of either sign, run to run)."""
+    AdamW steps they and their moments hold 1e-10 to 1e-25 of either sign, run to run). Non-finite
+    values both runs hold at the same places are equal (a loss both runs overflow to NaN)."""
     max_abs = difference(ref, got)[0]
-    return max_abs / max(float(np.abs(ref).max(initial=0.0)), NOISE_FLOOR) if np.isfinite(max_abs) else max_abs
+    largest = float(np.abs(ref[np.isfinite(ref)]).max(initial=0.0))
+    return max_abs / max(largest, NOISE_FLOOR) if np.isfinite(max_abs) else max_abs
 
 
 def render_step(r: StepResult, steps: int, plan: dict) -> str:

@@ -1,0 +1,131 @@
+"""A float32 forward rewritten to compute where the precision policy says (`policy`).
+
+The nodes are taken in order. Each op's operands that must share a type get the type the policy
+gives them, through a Cast where they have another; each result then has the type its schema
+binds it to. A tensor is cast to a type once, however many nodes read the copy: a weight's
+low-precision copy is one Cast from its float32 master, read by the forward and, through the
+backward built afterwards, by the backward too (the recompute stage may cast it again instead of
+keeping it). A cast back to the type a value was widened from reads the value itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import onnx
+from onnx import TensorProto, helper
+
+from roam_cli.precision import LOW_TYPES
+from roam_cli.precision.policy import FLOAT32, LOW, WIDTH, rule, widest
+
+STANDARD = ("", "ai.onnx")
+
+
+@dataclass
+class Autocast:
+    """What `autocast` did, for the report and the tests."""
+
+    low: int
+    casts: dict[tuple[str, int], str] = field(default_factory=dict)  # (tensor, type) -> its copy of that type
+    low_nodes: int = 0  # nodes computing in the low type
+
+
+def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> Autocast:
+    """Rewrite `model` in place to compute in `low` where the policy says. `types`: name ->
+    (element type, shape) of every tensor of the float32 forward, whose parameters are graph
+    inputs (not constants). The declared types of the graph's values follow."""
+    g = model.graph
+    opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 21)
+    now = {name: dtype for name, (dtype, _) in types.items()}
+    constant = {t.name for t in g.initializer}
+    widened: dict[str, str] = {}  # a Cast's output -> its input, where the Cast widened a low value
+    taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(now)
+    done = Autocast(low)
+    nodes: list[onnx.NodeProto] = []
+
+    def cast(x: str, to: int) -> str:
+        if now.get(x) == to:
+            return x
+        if widened.get(x) is not None and now[widened[x]] == to:
+            return widened[x]
+        key = (x, to)
+        if key not in done.casts:
+            name = unique(f"{x}.{LOW_TYPES.get(to, 'fp32')}", taken)
+            nodes.append(helper.make_node("Cast", [x], [name], name=name, to=to))
+            now[name] = to
+            if x in constant:
+                constant.add(name)
+            done.casts[key] = name
+        return done.casts[key]
+
+    for n in list(g.node):
+        schema = find_schema(n, opset)
+        groups = operand_groups(n, schema)
+        kind = rule(n.op_type) if schema is not None else FLOAT32  # an op without a schema: float32
+        targets: dict[str, int] = {}
+        for param, members in groups.items():
+            floats = [x for x in members if now.get(x) in WIDTH]
+            if not floats:
+                continue
+            if kind == LOW:
+                targets[param] = low if any(now[x] in (TensorProto.FLOAT, low) for x in floats) else now[floats[0]]
+            elif kind == FLOAT32:
+                targets[param] = widest([TensorProto.FLOAT, *(now[x] for x in floats)])
+            else:
+                weighed = [x for x in floats if x not in constant] or floats
+                targets[param] = widest(now[x] for x in weighed)
+            for k, x in enumerate(n.input):
+                if x and x in members and now.get(x) in WIDTH and now[x] != targets[param]:
+                    n.input[k] = cast(x, targets[param])
+        done.low_nodes += any(t == low for t in targets.values())
+        results = [o.type_str for o in schema.outputs] if schema is not None else []
+        for j, out in enumerate(n.output):
+            if out:
+                param = results[min(j, len(results) - 1)] if results else None
+                now[out] = targets.get(param, now.get(out)) if now.get(out) in WIDTH else now.get(out)
+        if n.op_type == "Cast" and n.domain in STANDARD and now.get(n.input[0]) in LOW_TYPES and WIDTH.get(
+                now.get(n.output[0]), 0) > WIDTH[now[n.input[0]]]:
+            widened[n.output[0]] = n.input[0]
+        if n.input and all(x in constant for x in n.input if x):
+            constant.update(o for o in n.output if o)
+        nodes.append(n)
+    del g.node[:]
+    g.node.extend(nodes)
+    for vi in (*g.value_info, *g.output):
+        if vi.name in now and vi.type.HasField("tensor_type"):
+            vi.type.tensor_type.elem_type = now[vi.name]
+    return done
+
+
+def operand_groups(n: onnx.NodeProto, schema) -> dict[str, list[str]]:
+    """The node's inputs by the schema's type parameter binding them (`T`: [x, scale, bias]);
+    inputs of a fixed type (`tensor(int64)`) are left out. Without a schema: one group of all its
+    inputs (cast up to float32 where low, its results' types unchanged)."""
+    if schema is None:
+        return {"": [x for x in n.input if x]}
+    params = {c.type_param_str for c in schema.type_constraints}
+    groups: dict[str, list[str]] = {}
+    for k, x in enumerate(n.input):
+        formal = schema.inputs[min(k, len(schema.inputs) - 1)].type_str if schema.inputs else ""
+        if x and formal in params:
+            groups.setdefault(formal, []).append(x)
+    return groups
+
+
+def find_schema(n: onnx.NodeProto, opset: int):
+    """The ONNX schema of n at the model's opset (or the newest, for an op newer than the model's
+    opset that a rewrite wrote, such as Gelu at 20); None outside the standard domain."""
+    if n.domain not in STANDARD or not onnx.defs.has(n.op_type):
+        return None
+    try:
+        return onnx.defs.get_schema(n.op_type, opset)
+    except onnx.defs.SchemaError:
+        return onnx.defs.get_schema(n.op_type)
+
+
+def unique(name: str, taken) -> str:
+    k, candidate = 0, name
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate
