@@ -20,6 +20,7 @@ MS = "com.microsoft"
 rng = np.random.default_rng(0)
 NP_TO_ONNX = {np.dtype(np.float32): TensorProto.FLOAT, np.dtype(np.float64): TensorProto.DOUBLE,
               np.dtype(np.float16): TensorProto.FLOAT16,
+              np.dtype(helper.tensor_dtype_to_np_dtype(TensorProto.BFLOAT16)): TensorProto.BFLOAT16,
               np.dtype(np.int64): TensorProto.INT64, np.dtype(np.int32): TensorProto.INT32,
               np.dtype(np.bool_): TensorProto.BOOL}
 
@@ -636,9 +637,59 @@ def test_cli_lower_keeps_external_weights_referenced_without_reading_them(tmp_pa
     assert {kv.key: kv.value for kv in weight.external_data}["location"] == "../w.bin"
 
 
-def test_mixed_precision_normalisation_gradient_is_refused():
-    feeds = {"dY": f32(2, 4).astype(np.float16), "X": f32(2, 4).astype(np.float16), "scale": f32(4).astype(np.float16),
-             "mean": f32(2, 1), "inv": f32(2, 1)}
-    m = single("LayerNormalizationGrad", feeds, ["dX"], out_types={"dX": (TensorProto.FLOAT16, (2, 4))})
-    with pytest.raises(RoamError, match="LayerNormalizationGrad node 'fused'.*mixed precision"):
-        lower_model(m)
+@pytest.mark.parametrize("low", [TensorProto.FLOAT16, TensorProto.BFLOAT16])
+@pytest.mark.parametrize("op,outputs", [("LayerNormalizationGrad", ["dX", "dscale", "dbias"]),
+                                        ("BatchNormalizationGrad", ["dX", "dscale", "dbias"]),
+                                        ("BatchNormalization", ["Y", "rm", "rv"])])
+def test_a_normalisation_mixing_a_low_type_with_float32_computes_in_float32(low, op, outputs):
+    """A low-precision activation beside float32 scale and statistics (ONNX Runtime's and ONNX's
+    mixed forms): the lowering widens the activation, computes what the float32 node computes, and
+    rounds each result declared low, once. So its results are the float32 lowering's on the
+    widened inputs, the low ones cast: bit for bit."""
+    from roam_cli.precision.emulate import emulate
+
+    c, shape = 4, (3, 4, 5) if op != "LayerNormalizationGrad" else (3, 4)
+    low_np = helper.tensor_dtype_to_np_dtype(low)
+    x, dy = f32(*shape).astype(low_np), f32(*shape).astype(low_np)
+    vec = f32(c)
+    if op == "BatchNormalization":
+        feeds = {"X": x, "scale": vec, "B": f32(c), "mean": f32(c), "var": np.abs(f32(c)) + 0.5}
+        attrs = dict(domain="", epsilon=1e-5, momentum=0.9, training_mode=1)
+    else:
+        stats = (3, 1) if op == "LayerNormalizationGrad" else (c,)
+        feeds = {"dY": dy, "X": x, "scale": vec, "mean": f32(*stats), "inv": np.abs(f32(*stats)) + 0.5}
+        attrs = dict(epsilon=1e-5, **({"axis": -1} if op == "LayerNormalizationGrad" else {}))
+    wide = {k: v.astype(np.float32) for k, v in feeds.items()}
+    declared = {o: (low if o in ("dX", "Y") else TensorProto.FLOAT, shape if o in ("dX", "Y") else (c,))
+                for o in outputs}
+    mixed = lower_model(single(op, feeds, outputs, out_types=declared, **attrs))
+    reference = lower_model(single(op, wide, outputs, out_types={o: (TensorProto.FLOAT, s) for o, (_, s) in
+                                                                 declared.items()}, **attrs))
+    assert nonstandard_nodes(mixed) == []
+    assert [n.op_type for n in mixed.graph.node if n.op_type == "Cast"], "the low values are widened"
+    emulate(mixed)  # the CPU provider has no bfloat16 arithmetic
+    got, want = run(fed_in_float32(mixed), wide), run(reference, wide)
+    for o in outputs:
+        np.testing.assert_array_equal(got[o], want[o].astype(low_np if o in ("dX", "Y") else np.float32).astype(
+            np.float32), err_msg=o)
+
+
+def fed_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its low-precision inputs and outputs as float32 ones, cast where they enter
+    and leave (ONNX Runtime's Python API takes no bfloat16 array)."""
+    g = model.graph
+    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    for vi in g.input:
+        if vi.type.tensor_type.elem_type in low:
+            to = vi.type.tensor_type.elem_type
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+            for n in g.node:
+                n.input[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.input]
+            g.node.insert(0, helper.make_node("Cast", [vi.name], [f"{vi.name}.low"], to=to))
+    for vi in g.output:
+        if vi.type.tensor_type.elem_type in low:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+            for n in g.node:
+                n.output[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.output]
+            g.node.append(helper.make_node("Cast", [f"{vi.name}.low"], [vi.name], to=TensorProto.FLOAT))
+    return model

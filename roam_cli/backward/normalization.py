@@ -66,7 +66,7 @@ def batch_norm(g):
         g.refuse("BatchNormalization in inference mode (training_mode=0) is not differentiated; "
                  "the training graph normalises with the batch's statistics")
     channels = [g.shape(g.input(0))[1]]
-    dtype = g.ctx.dtype(g.input(0))
+    dtype = g.ctx.dtype(g.input(3))  # the running statistics' type: float32 beside a low-precision input
     mean = g.forward_output(3, "saved_mean", dtype, channels)
     inv = g.forward_output(4, "saved_inv_std", dtype, channels)
     g.fused(norms.batch_norm_grad, "BatchNormalizationGrad", [g.dy(), g.input(0), g.input(1), mean, inv], [0, 1, 2])

@@ -187,13 +187,18 @@ def summary(before: onnx.ModelProto, after: onnx.ModelProto) -> dict:
             "rewritten": dict(sorted(rewritten.items())), "nonstandard_after": len(nonstandard_nodes(after))}
 
 
+def relative(target: Path, out: Path) -> str:
+    """`target`'s path from the folder `out` is written into."""
+    return Path(os.path.relpath(target.resolve(), out.resolve().parent)).as_posix()
+
+
 def relocate_weights(model: onnx.ModelProto, source: Path, out: Path) -> None:
     """`model`, read from `source` and to be written to `out`: its external weights stay where they
     are, referenced from the output's folder."""
     for init in model.graph.initializer:
         for kv in init.external_data:
             if kv.key == "location":
-                kv.value = Path(os.path.relpath((source.parent / kv.value).resolve(), out.resolve().parent)).as_posix()
+                kv.value = relative(source.parent / kv.value, out)
 
 
 def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path) -> None:
@@ -202,5 +207,5 @@ def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path
     meta = [p for p in lowered.metadata_props if p.key != LOWERED_FROM_KEY]
     del lowered.metadata_props[:]
     lowered.metadata_props.extend(meta)
-    lowered.metadata_props.add(key=LOWERED_FROM_KEY, value=json.dumps({"path": relative(source), "sha256": sha256}))
+    lowered.metadata_props.add(key=LOWERED_FROM_KEY, value=json.dumps({"path": relative(source, out), "sha256": sha256}))
     write_atomic(out, lowered.SerializeToString())

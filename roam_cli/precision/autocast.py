@@ -11,8 +11,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import ml_dtypes
+import numpy as np
 import onnx
-from onnx import TensorProto, helper
+from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.precision import LOW_TYPES
 from roam_cli.precision.policy import FLOAT32, LOW, WIDTH, rule, widest
@@ -37,6 +39,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 21)
     now = {name: dtype for name, (dtype, _) in types.items()}
     constant = {t.name for t in g.initializer}
+    embedded = {t.name: t for t in g.initializer if t.data_location != TensorProto.EXTERNAL}
     widened: dict[str, str] = {}  # a Cast's output -> its input, where the Cast widened a low value
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(now)
     done = Autocast(low)
@@ -50,7 +53,10 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
         key = (x, to)
         if key not in done.casts:
             name = unique(f"{x}.{LOW_TYPES.get(to, 'fp32')}", taken)
-            nodes.append(helper.make_node("Cast", [x], [name], name=name, to=to))
+            if x in embedded:  # a constant is cast once, here
+                g.initializer.append(cast_value(embedded[x], to, name))
+            else:
+                nodes.append(helper.make_node("Cast", [x], [name], name=name, to=to))
             now[name] = to
             if x in constant:
                 constant.add(name)
@@ -94,6 +100,16 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
         if vi.name in now and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.elem_type = now[vi.name]
     return done
+
+
+def cast_value(t: onnx.TensorProto, to: int, name: str) -> onnx.TensorProto:
+    """A constant in type `to`, its values clamped to the type's finite range: the exporter wrote a
+    float32 model's `torch.finfo(dtype).min` (an attention mask's fill), which the low type's own
+    most negative value stands for, as the model computing in that type would have written it."""
+    value = numpy_helper.to_array(t)
+    target = helper.tensor_dtype_to_np_dtype(to)
+    largest = float(ml_dtypes.finfo(target).max)
+    return numpy_helper.from_array(np.clip(value, -largest, largest).astype(target), name)
 
 
 def operand_groups(n: onnx.NodeProto, schema) -> dict[str, list[str]]:

@@ -6,14 +6,14 @@ compute as PyTorch's policy of the day had it. A mixed-precision step keeps floa
 computes as roam's policy says, so the export is first made float32 throughout: its embedded
 low-precision constants are widened (exactly), its weights become float32 masters whose values
 `roam train` widens from the export's (they start from the rounded values: the warning says so),
-its casts to the low type become no-ops, and a low-precision data input is widened where it
-enters. No weight byte is read: an external weight changes its declared type only."""
+its casts to the low type become no-ops, and a low-precision data input a float32 one. No weight
+byte is read: an external weight changes its declared type only."""
 
 from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from onnx import TensorProto, numpy_helper
 
 from roam_cli.core.errors import RoamError
 from roam_cli.precision import LOW_TYPES
@@ -71,10 +71,9 @@ def to_float32(model: onnx.ModelProto, low: int, weights: list[str]) -> list[str
                 a.t.CopyFrom(widened(a.t))
             elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == low:
                 a.i = FLOAT
-        if n.op_type == "Cast" and n.domain in ("", "ai.onnx") and declared.get(n.input[0]) == FLOAT and all(
-                a.i == FLOAT for a in n.attribute if a.name == "to"):
-            n.op_type = "Identity"  # the export widening what it narrowed, or narrowing what it widened: now nothing
-            del n.attribute[:]
+        if n.op_type == "Constant" and n.attribute and n.attribute[0].type == onnx.AttributeProto.TENSOR:
+            declared[n.output[0]] = n.attribute[0].t.data_type
+    drop_noop_casts(g, declared)
     widen_inputs(g, low)
     return rounded
 
@@ -86,13 +85,32 @@ def widened(t: onnx.TensorProto) -> onnx.TensorProto:
     return out
 
 
-def widen_inputs(g: onnx.GraphProto, low: int) -> None:
-    """A low-precision data input keeps its type (the batch is fed as the export takes it) and is
-    widened by a Cast where it enters; every reader reads the float32 value."""
-    for vi in g.input:
-        if vi.type.tensor_type.elem_type != low or any(t.name == vi.name for t in g.initializer):
+def drop_noop_casts(g: onnx.GraphProto, declared: dict[str, int]) -> None:
+    """A Cast to float32 of a float32 value (the export narrowing what it widened, or widening what
+    it narrowed) is nothing now: its readers read its input (an Identity where it is a graph output)."""
+    outputs = {o.name for o in g.output}
+    same: dict[str, str] = {}
+    kept = []
+    for n in g.node:
+        n.input[:] = [same.get(x, x) for x in n.input]
+        noop = (n.op_type == "Cast" and n.domain in ("", "ai.onnx") and declared.get(n.input[0]) == FLOAT
+                and all(a.i == FLOAT for a in n.attribute if a.name == "to"))
+        if noop and n.output[0] not in outputs:
+            same[n.output[0]] = n.input[0]
             continue
-        wide = f"{vi.name}.fp32"
-        for n in g.node:
-            n.input[:] = [wide if x == vi.name else x for x in n.input]
-        g.node.insert(0, helper.make_node("Cast", [vi.name], [wide], name=wide, to=FLOAT))
+        if noop:
+            n.op_type = "Identity"
+            del n.attribute[:]
+        kept.append(n)
+    del g.node[:]
+    g.node.extend(kept)
+
+
+def widen_inputs(g: onnx.GraphProto, low: int) -> None:
+    """A low-precision data input becomes a float32 one: the mixed-precision step takes its batch in
+    float32, as a training loop under torch.autocast feeds it, and computes in the low type where
+    the policy says (ONNX Runtime's Python API takes no bfloat16 array)."""
+    inits = {t.name for t in g.initializer}
+    for vi in g.input:
+        if vi.type.tensor_type.elem_type == low and vi.name not in inits:
+            vi.type.tensor_type.elem_type = FLOAT
