@@ -8,6 +8,8 @@ Exporters keep a parameter as an initializer named by its PyTorch path, but they
   which runs it) reads the others through Identity nodes that keep their names;
 - drop a parameter whose use they can precompute (a position embedding read at constant
   positions, a zero bias);
+- fold one into an expression's value (Gemma's RMSNorm reads `1 + weight`: TorchScript folds it
+  into `onnx::Mul_577`, a constant no weight place explains);
 and they add constants of their own (shapes, masks, position ids, rotary tables, module buffers).
 
 The evidence, strongest first: the dynamo exporter records the ExportedProgram's signature (every
@@ -52,6 +54,10 @@ ROAM_ROUTE = "roam_cli.frontend.torch_export.export (keeps every parameter)"
 # running statistics, rotary frequencies, position tables, masks. Not trained.
 BUFFER_LEAVES = {"running_mean", "running_var", "num_batches_tracked", "inv_freq", "original_inv_freq",
                  "position_ids", "token_type_ids", "masked_bias", "cos_cached", "sin_cached"}
+# Elementwise ops where a module's own parameter is read as a per-feature vector (a norm's or scale's
+# weight, a bias) -> the parameter's usual name: a float vector TorchScript folded, read there inside a
+# module that holds no parameter of that name, is that parameter inside an expression (Gemma's `1 + w`).
+EXPRESSION_SLOTS = {"Mul": "weight", "Div": "weight", "Add": "bias", "Sub": "bias"}
 # What keeps a BatchNormalization in the export (eval-mode exports fold it into the convolution).
 KEEP_NORMS = {"dynamo": "re-export with torch.onnx.export(..., dynamo=True, optimize=False)",
               "torchscript": "re-export with torch.onnx.export(..., dynamo=False, do_constant_folding=False)",
@@ -74,6 +80,8 @@ class Found:
     # modules from the dynamo record; else the convolutions' modules)
     computed: list[str] = field(default_factory=list)  # TorchScript's folded tensors no weight place explains,
     # each with the modules reading it
+    expressions: list[str] = field(default_factory=list)  # folded constants (also in `folded`) holding an
+    # expression of their parameter (Gemma's RMSNorm `1 + weight`), not the parameter itself
 
     def folded_norms_refusal(self) -> str:
         """The one line that refuses an export whose BatchNorms were folded away: a different function."""
@@ -86,13 +94,21 @@ class Found:
         """One line per kind of loss, each naming the parameters and the fix."""
         fix = FIXES[self.exporter]
         out = []
-        if self.folded:
-            shown = ", ".join(f"{c} ({p})" if p else c for c, p in self.folded.items())
+        weights = {c: p for c, p in self.folded.items() if c not in self.expressions}
+        if weights:
+            shown = ", ".join(f"{c} ({p})" if p else c for c, p in weights.items())
             norms = (f" ({len(self.fused)} are convolution biases made by folding a BatchNormalization into its "
                      "convolution: its weight and bias are gone)") if self.fused else ""
-            out.append(f"{len(self.folded)} parameters were folded by the exporter into constants and will not be "
+            out.append(f"{len(weights)} parameters were folded by the exporter into constants and will not be "
                        f"trained{norms}: {shown}; train them as they are with "
-                       f"--trainable {','.join(self.folded)} or re-export with {fix}")
+                       f"--trainable {','.join(weights)} or re-export with {fix}")
+        expressions = {c: p for c, p in self.folded.items() if c in self.expressions}
+        if expressions:
+            shown = ", ".join(f"{c} ({p})" for c, p in expressions.items())
+            out.append(f"{len(expressions)} parameters were folded by the exporter into the value of an expression "
+                       f"(as Gemma's RMSNorm `1 + weight`) and will not be trained: {shown}; train the constants as "
+                       f"they are with --trainable {','.join(expressions)} (each then trains as the expression's "
+                       f"value, and --save-weights writes it under the constant's name) or re-export with {fix}")
         if self.merged:
             pairs = [f"{o} -> {p}" for p, others in self.merged.items() for o in others]
             out.append(f"{len(pairs)} parameters were merged by the exporter into another with equal values, and "
@@ -176,15 +192,22 @@ def linear_module_of(node: onnx.NodeProto) -> str:
     return path if kind.endswith("Linear") else ""
 
 
-def anchored(name: str, kept: list[str]) -> str:
+def anchored(name: str, kept: list[str], nested: bool = False) -> str:
     """A scope-derived parameter name rooted where the kept parameters are: TorchScript names a
     scope by the modules whose forward ran, so a model calling a grandchild directly (OPT's
     `self.model.decoder(...)`) loses the `model.` its parameters' names have. The prefix comes
-    from a kept parameter of the same module (`model.decoder.layers.0.q_proj.bias`)."""
+    from a kept parameter of the same module (`model.decoder.layers.0.q_proj.bias`); `nested`:
+    where the module keeps none (its one parameter is the one sought), from a kept parameter
+    inside its nearest ancestor that holds one (`model.decoder.layers.0.fc1.weight` roots
+    `decoder.layers.0.norm`)."""
     module = name.rsplit(".", 1)[0]
     if any(k.rsplit(".", 1)[0] == module for k in kept):
         return name
     prefixes = {k.rsplit(".", 1)[0][: -len(module)] for k in kept if k.rsplit(".", 1)[0].endswith("." + module)}
+    while nested and not prefixes and "." in module:
+        module = module.rsplit(".", 1)[0]
+        inside = [k for k in kept if k.startswith(module + ".") or f".{module}." in k]
+        prefixes = {"" if k.startswith(module + ".") else k[: k.index(f".{module}.") + 1] for k in inside}
     return next(iter(prefixes)) + name if len(prefixes) == 1 else name
 
 
@@ -221,8 +244,10 @@ def find(model: onnx.ModelProto) -> Found:
                 fused = n.op_type == "Conv" and slot == 2 and (not params or fx_call(n)[1])
                 folded.setdefault(x, "" if fused else meant)
                 fused_norms += [x] if fused else []
+    expressions: list[str] = []
     if not params:
         folded = {x: anchored(meant, parameters) if meant else meant for x, meant in folded.items()}
+        expressions = in_expressions(g, inits, parameters, folded, merged)
     tied = ties(g, params)
     accounted = set(parameters) | set(folded.values()) | set(tied) | {o for others in merged.values() for o in others}
     missing = [name for name in params.values() if name not in accounted]
@@ -230,7 +255,62 @@ def find(model: onnx.ModelProto) -> Found:
     computed = [] if record else [computed_in(x, g) for x in constants if x.startswith("onnx::") and x not in folded
                                   and inits[x].data_type in FLOAT_TYPES and len(inits[x].dims) >= 2]
     return Found(parameters, constants, folded, merged, missing, exporter, tied, fused_norms,
-                 norms_folded(g, record, missing, fused_norms), computed)
+                 norms_folded(g, record, missing, fused_norms), computed, expressions)
+
+
+def in_expressions(g: onnx.GraphProto, inits: dict[str, onnx.TensorProto], parameters: list[str],
+                   folded: dict[str, str], merged: dict[str, list[str]]) -> list[str]:
+    """TorchScript's constants that hold a parameter inside an expression (Gemma's RMSNorm computes
+    `x * (1 + weight)`: constant folding leaves `onnx::Mul_577` = 1 + weight, and the weight is gone).
+    Without a record of the module's parameters, the graph's evidence: a float vector (one axis longer
+    than 1, as long as a dimension of some weight of the model) read only as an elementwise operand
+    (`EXPRESSION_SLOTS`) by nodes in leaf module scopes (`/model/layers.0/input_layernorm/Mul_1`), none
+    of which holds a parameter of the name that place implies (`model.layers.0.input_layernorm.weight`)
+    under any name the graph has (kept, folded, merged). Each such constant joins `folded` under that
+    name; one read in several modules (TorchScript reads a constant equal to another through Identity
+    nodes: a fresh model's norms) stands for them all, the others `merged` into the first. Returns the
+    constants, in file order."""
+    scopes: set[str] = set()
+    readers: dict[str, list[tuple[onnx.NodeProto, int]]] = {}
+    order = {n.name: i for i, n in enumerate(g.node)}
+    for n in g.node:
+        scopes.add(scope_of(n))
+        for k, x in enumerate(n.input):
+            readers.setdefault(x, []).append((n, k))
+    not_leaves = {s.rsplit(".", i)[0] for s in scopes if s for i in range(1, s.count(".") + 1)} | {""}
+    weights = set(parameters) | set(folded)
+    widths = {d for x in weights if x in inits for d in inits[x].dims}
+    held = set(parameters) | set(folded.values()) | {o for others in merged.values() for o in others}
+    out = []
+    for x, t in inits.items():
+        if x in weights or t.data_type not in FLOAT_TYPES or looks_like_parameter(x):
+            continue
+        long = [d for d in t.dims if d > 1]
+        if len(long) != 1 or long[0] not in widths:
+            continue
+        reads = sorted(through_identities(x, readers), key=lambda r: order.get(r[0].name, 0))  # graph order
+        meant = [f"{scope_of(n)}.{EXPRESSION_SLOTS[n.op_type]}" for n, _ in reads if n.op_type in EXPRESSION_SLOTS]
+        if not reads or len(meant) != len(reads) or any(m.rsplit(".", 1)[0] in not_leaves for m in meant):
+            continue  # read elsewhere too, or in no module, or in a module with children (not a leaf)
+        meant = list(dict.fromkeys(anchored(m, sorted(held - {""}), nested=True) for m in meant))
+        if any(m in held for m in meant):
+            continue
+        folded[x] = meant[0]
+        if meant[1:]:
+            merged[meant[0]] = meant[1:]
+        held.update(meant)
+        out.append(x)
+    return out
+
+
+def through_identities(name: str, readers: dict[str, list[tuple[onnx.NodeProto, int]]]
+                            ) -> list[tuple[onnx.NodeProto, int]]:
+    """The reads of `name`, an Identity's reads standing for its own (TorchScript reads a constant
+    equal to another, or a weight shared by several modules, ALBERT's layers, through Identity nodes)."""
+    out = []
+    for n, k in readers.get(name, []):
+        out += through_identities(n.output[0], readers) if n.op_type == "Identity" else [(n, k)]
+    return out
 
 
 def computed_in(x: str, g: onnx.GraphProto) -> str:

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from roam_cli.frontend.parameters import Found
+from roam_cli.frontend.parameters import Found, through_identities
 
 # The training graph's metadata key for where its parameters came from: the inference export
 # (its path relative to the graph's folder) and what `recover` changed.
@@ -123,16 +123,6 @@ def added_values(recovered: Recovered, constants: dict[str, onnx.TensorProto], b
         if param in recovered.added and param not in {t.name for t in out}:
             value = numpy_helper.to_array(constants[const], base_dir=str(base_dir))
             out.append(numpy_helper.from_array(underived(value, perm), param))
-    return out
-
-
-def through_identities(name: str, readers: dict[str, list[tuple[onnx.NodeProto, int]]]
-                       ) -> list[tuple[onnx.NodeProto, int]]:
-    """The reads of `name`, an Identity's reads standing for its own (TorchScript reads a weight
-    shared by several modules, ALBERT's layers, through Identity nodes)."""
-    out = []
-    for n, k in readers.get(name, []):
-        out += through_identities(n.output[0], readers) if n.op_type == "Identity" else [(n, k)]
     return out
 
 
