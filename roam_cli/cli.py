@@ -959,38 +959,39 @@ def lower(obj, model, out_path, as_json):
                   f"{rewritten}", soft_wrap=True, highlight=False)
 
 
-@cli.command("emulate-bf16")
+@cli.command()
 @click.argument("model", type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
               help="The graph the CPU provider runs, to write.")
 @click.option("--json", "as_json", is_flag=True, help="Print how many nodes were emulated as JSON.")
 @click.pass_obj
-def emulate_bf16(obj, model, out_path, as_json):
-    """Make a bfloat16 graph runnable on ONNX Runtime's CPU provider, which has no bfloat16 arithmetic.
+def emulate(obj, model, out_path, as_json):
+    """Run a bf16 or fp16 graph on ONNX Runtime's CPU provider with a GPU's rounding.
 
-    Each node without a bfloat16 kernel computes in float32 between a Cast of its inputs and a
-    rounding Cast of its results to bfloat16, as a GPU's bfloat16 kernel rounds; every bfloat16
+    The CPU provider has no bfloat16 arithmetic, and runs float16 in float32 without rounding
+    products' inputs. Each node without a kernel of its 16-bit type computes in float32 between a
+    Cast of its inputs and a rounding Cast of its results, as a GPU's kernel rounds; every 16-bit
     tensor keeps its name, type and size. Plan the written graph: it is the one that runs.
 
     \b
     Example:
-      roam emulate-bf16 step.onnx -o step.cpu.onnx && roam optimize step.cpu.onnx -o plan.json
+      roam emulate step.onnx -o step.cpu.onnx && roam optimize step.cpu.onnx -o plan.json
     """
     from roam_cli import lower as lower_mod
     from roam_cli.frontend.onnx_import import load_model
-    from roam_cli.precision.emulate import emulate
+    from roam_cli.precision.emulate import emulate as rewrite
 
     check_output_path(out_path, [model])
     source, _ = load_model(model)
-    count = emulate(source)
+    count = rewrite(source)
     if not count:
-        raise RoamError(f"{model} has no bfloat16 node the CPU provider lacks a kernel for: it runs as it is")
+        raise RoamError(f"{model} has no bf16 or fp16 node the CPU provider lacks a kernel for: it runs as it is")
     lower_mod.relocate_weights(source, model, out_path)
     write_atomic(out_path, source.SerializeToString())
     if as_json:
         out.print_json(json.dumps({"model": str(model), "output": str(out_path), "emulated_nodes": count}))
     elif not obj["quiet"]:
-        out.print(f"wrote {out_path}: {count:,} bfloat16 nodes computed in float32 and rounded", highlight=False)
+        out.print(f"wrote {out_path}: {count:,} 16-bit nodes computed in float32 and rounded", highlight=False)
 
 
 @cli.command("make-training-graph")
@@ -1072,7 +1073,8 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
     if as_json:
         names = made.survey.names() if made.survey is not None else {}
         click.echo(json.dumps(names | {"warnings": made.survey.warnings() if made.survey else [],
-                                       "written": [str(path) for path, _, _ in made.written]}, indent=1))
+                                       "written": [str(path) for path, _, _ in made.written]}
+                              | ({"precision": made.precision} if made.precision else {}), indent=1))
     elif made.survey is not None and not obj["quiet"]:
         s = made.survey
         out.print(f"parameters: {len(s.trainable):,} trainable ({s.elements:,} elements), {len(s.frozen):,} frozen, "
@@ -1084,12 +1086,25 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
             out.print(f"recovered: {len(s.recovered)} weights the exporter folded into transposed constants, trained "
                       f"as their parameters ({shown}{', ...' if len(s.recovered) > 3 else ''}; --json lists them)",
                       highlight=False, soft_wrap=True)
+        if made.precision:
+            out.print(precision_line(made.precision), highlight=False, soft_wrap=True)
     if made.survey is not None:
         for warning in made.survey.warnings():
             click.echo(f"warning: {warning}", err=True)
     if not obj["quiet"] and not as_json:
         for path, what, nodes in made.written:
             out.print(f"wrote {path}: {what}" + (f", {nodes:,} nodes" if nodes else ""), highlight=False)
+
+
+def precision_line(p: dict) -> str:
+    """`mixed precision bf16: 28 weight copies cast from float32 masters; ...`"""
+    line = (f"mixed precision {p['precision']}: float32 masters and optimizer state, {p['weight_copies']} "
+            f"low-precision weight copies cast in the step")
+    s = p["grad_scaler"]
+    if s:
+        line += (f"; loss scaled as GradScaler scales it (from {s['init_scale']:g}, ×{s['growth_factor']:g} after "
+                 f"{s['growth_interval']} clean steps, ×{s['backoff_factor']:g} and the update skipped on an overflow)")
+    return line
 
 
 def main() -> None:

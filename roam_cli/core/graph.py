@@ -35,6 +35,11 @@ class Value:
         return count * element_size(self.dtype)
 
 
+def type_name(dtype: int) -> str:
+    """`float32`, `bfloat16`, `int64`: the element type as numpy (and PyTorch) name it."""
+    return np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name
+
+
 def element_size(dtype: int) -> int:
     """Bytes per element; raises ValueError for types without a fixed byte size."""
     if dtype in (TensorProto.STRING, TensorProto.UNDEFINED):

@@ -11,7 +11,7 @@ import jsonschema
 from roam_cli import __version__
 from roam_cli.core.errors import RoamError
 from roam_cli.core.fileio import write_atomic
-from roam_cli.core.graph import Graph
+from roam_cli.core.graph import Graph, type_name
 from roam_cli.core.memory import DEVICE, MemoryModel, lifetimes, peak_live
 
 FORMAT, VERSION = "roam-plan", 1
@@ -45,10 +45,17 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
         return first, max([first] + [pos[c] for c in graph.consumers.get(name, ())])
 
     tiers = mm.tiers
+    copies = weight_copies(graph, mm)
+
+    def typed(name: str) -> dict:
+        """The tensor's element type, and the parameter it is a cast of (a mixed-precision step's
+        low-precision weight copy)."""
+        return {"dtype": type_name(graph.values[name].dtype)} | ({"copy_of": copies[name]} if name in copies else {})
+
     tensors = []
     for name, kind in mm.persistent.items():
         tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
-                        "first_step": 0, "last_step": end, "kind": kind}
+                        "first_step": 0, "last_step": end, "kind": kind} | typed(name)
                        | ({"tier": tiers.slow} if tiers and name in tiers.homes else {}))
     produced = sorted(((pos[i], k, out) for i, node in enumerate(graph.nodes)
                        for k, out in enumerate(node.outputs) if out not in mm.persistent))
@@ -58,7 +65,7 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
             first, last = spans[k]
             tier = mm.storages[k].tier
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": offsets[k],
-                            "first_step": first, "last_step": last, "kind": mm.kind[name]}
+                            "first_step": first, "last_step": last, "kind": mm.kind[name]} | typed(name)
                            | ({"tier": tier} if tier != DEVICE else {}))
         else:
             first, last = own_span(name)
@@ -69,7 +76,7 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
                 tier = mm.storages[storage_index[root]].tier
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
                             "first_step": first, "last_step": last, "kind": mm.kind[name],
-                            "alias_of": root} | ({"tier": tier} if tier != DEVICE else {}))
+                            "alias_of": root} | typed(name) | ({"tier": tier} if tier != DEVICE else {}))
     arena = max([o + s.bytes for o, s in zip(offsets, mm.storages) if s.tier == DEVICE]
                 + [w["offset"] + w["bytes"] for w in workspace], default=0)
     peak, peak_step = peak_live(mm, spans)
@@ -94,6 +101,12 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
         "peak_step": peak_step,
         "stats": stats,
     } | ({"workspace": list(workspace)} if workspace else {}) | slow
+
+
+def weight_copies(graph: Graph, mm: MemoryModel) -> dict[str, str]:
+    """Cast outputs of a parameter: tensor -> the parameter (its float32 master)."""
+    return {n.outputs[0]: n.inputs[0] for n in graph.nodes if n.op_type == "Cast" and n.domain in ("", "ai.onnx")
+            and n.inputs and mm.persistent.get(n.inputs[0]) == "parameter"}
 
 
 def needed_bytes(plan: dict) -> int:

@@ -348,6 +348,7 @@ class Made:
     survey: Survey | None  # None when the input already was a training graph
     repaired: Counter
     written: list[tuple[Path, str, int]]  # (path, what, nodes)
+    precision: dict = field(default_factory=dict)  # a mixed-precision step's: type, weight copies, loss scaling
 
 
 def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: list[str] | None = None,
@@ -462,7 +463,18 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
         write((out_path, "full step" if in_graph else "training graph", graph))
     else:
         write((out_path, "training graph", graph), (optimizer_path, "optimizer graph", built.optimizer))
-    return Made(chosen, repaired, written)
+    return Made(chosen, repaired, written, mixed_precision(graph, low, chosen.trainable, scaler))
+
+
+def mixed_precision(step: onnx.ModelProto, low: int | None, trainable: list[str], scaler) -> dict:
+    """What the CLI says of a mixed-precision step: its low type, the weight copies cast from the
+    float32 masters, and the loss scaling (fp16)."""
+    if low is None:
+        return {}
+    masters = set(trainable)
+    copies = sum(n.op_type == "Cast" and n.input[0] in masters for n in step.graph.node)
+    return {"precision": LOW_TYPES[low], "weight_copies": copies,
+            "grad_scaler": dataclasses.asdict(scaler) if scaler else None}
 
 
 def grad_scaler(settings: dict[str, str], low: int | None, in_graph: bool):

@@ -146,6 +146,26 @@ def persistent_by_kind(plan: dict) -> dict[str, int]:
     return dict(sorted(by_kind.items(), key=lambda kv: -kv[1]))
 
 
+def bytes_by_type(plan: dict) -> list[dict]:
+    """Bytes by class and element type, largest first within each storage: the device's persistent
+    tensors (a mixed-precision step's float32 masters and optimizer state), then the arena's at the
+    peak, where a mixed-precision step's low-precision weight copies are a class of their own."""
+    peak_step = plan.get("peak_step", 0)
+    rows: dict[tuple[str, str, str], int] = {}
+    for t in plan["tensors"]:
+        if "alias_of" in t or "tier" in t:
+            continue
+        if t["offset"] is None:
+            key = ("persistent", t["kind"], t.get("dtype", "–"))
+        elif t["first_step"] <= peak_step <= t["last_step"]:
+            key = ("arena, live at peak", "weight copy" if "copy_of" in t else t["kind"], t.get("dtype", "–"))
+        else:
+            continue
+        rows[key] = rows.get(key, 0) + t["bytes"]
+    ordered = sorted(rows.items(), key=lambda kv: (kv[0][0] != "persistent", -kv[1]))
+    return [{"storage": storage, "class": kind, "dtype": dtype, "bytes": n} for (storage, kind, dtype), n in ordered]
+
+
 def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
     """Plain figures: totals, strategies, bytes by class, the tensors live at the peak step.
 
@@ -186,6 +206,7 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         "persistent_by_kind": persistent_by_kind(plan),
         "transient_at_peak_by_kind": at_peak_by_kind,
         "transient_allocated_by_kind": transient_by_kind,
+        "bytes_by_type": bytes_by_type(plan),
         "largest_at_peak": [{k: t[k] for k in ("name", "kind", "bytes", "first_step", "last_step")}
                             for t in at_peak[:top]],
         "seconds": plan["stats"].get("seconds", {}),
@@ -442,12 +463,8 @@ def strategy_cells(r: dict) -> list[str]:
             cell_ratio(r["fragmentation"]), cell_seconds(r["seconds"])]
 
 
-def class_rows(s: dict) -> list[tuple[str, str, str]]:
-    rows = [(kind, "persistent", format_bytes(n))
-            for kind, n in s["persistent_by_kind"].items()]
-    rows += [(kind, "arena, live at peak", format_bytes(n))
-             for kind, n in sorted(s["transient_at_peak_by_kind"].items(), key=lambda kv: -kv[1])]
-    return rows
+def class_rows(s: dict) -> list[tuple[str, str, str, str]]:
+    return [(r["class"], r["dtype"], r["storage"], format_bytes(r["bytes"])) for r in s["bytes_by_type"]]
 
 
 def peak_rows(s: dict) -> list[tuple[str, str, str, str]]:
@@ -501,8 +518,8 @@ def render_table(s: dict, console: Console) -> None:
     console.print(strategies)
     console.print(f"[dim]{strategy_note(s['strategies'])}[/dim]")
 
-    kinds = Table(title="bytes by tensor class", title_justify="left")
-    for col, justify in (("class", "left"), ("storage", "left"), ("bytes", "right")):
+    kinds = Table(title="bytes by tensor class and element type", title_justify="left")
+    for col, justify in (("class", "left"), ("type", "left"), ("storage", "left"), ("bytes", "right")):
         kinds.add_column(col, justify=justify)
     for row in class_rows(s):
         kinds.add_row(*row)
@@ -547,8 +564,8 @@ def render_markdown(s: dict) -> str:
               strategy_note(s["strategies"]).replace("* =", "`*` ="), "",
               markdown_table([c.replace("\n", " ") for c in STRATEGY_COLUMNS], map(strategy_cells, s["strategies"]),
                              set(range(2, 8))),
-              "", "### Bytes by tensor class", "",
-              markdown_table(("class", "storage", "bytes"), class_rows(s), {2})]
+              "", "### Bytes by tensor class and element type", "",
+              markdown_table(("class", "type", "storage", "bytes"), class_rows(s), {3})]
     if "data_input" in s["persistent_by_kind"]:
         parts += ["", DATA_INPUT_NOTE[0].upper() + DATA_INPUT_NOTE[1:]]
     parts += ["", f"### Largest tensors live at the peak (step {s['peak_step']}, `{s['peak_node']}`)", "",

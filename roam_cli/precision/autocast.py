@@ -5,11 +5,9 @@ gives them, through a Cast where they have another; each result then has the typ
 binds it to. A tensor is cast to a type once, however many nodes read the copy: a weight's
 low-precision copy is one Cast from its float32 master, read by the forward and, through the
 backward built afterwards, by the backward too (the recompute stage may cast it again instead of
-keeping it). A cast back to the type a value was widened from reads the value itself."""
+keeping it)."""
 
 from __future__ import annotations
-
-from dataclasses import dataclass, field
 
 import ml_dtypes
 import numpy as np
@@ -17,21 +15,12 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.precision import LOW_TYPES
-from roam_cli.precision.policy import FLOAT32, LOW, WIDTH, rule, widest
+from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
 STANDARD = ("", "ai.onnx")
 
 
-@dataclass
-class Autocast:
-    """What `autocast` did, for the report and the tests."""
-
-    low: int
-    casts: dict[tuple[str, int], str] = field(default_factory=dict)  # (tensor, type) -> its copy of that type
-    low_nodes: int = 0  # nodes computing in the low type
-
-
-def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> Autocast:
+def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> None:
     """Rewrite `model` in place to compute in `low` where the policy says. `types`: name ->
     (element type, shape) of every tensor of the float32 forward, whose parameters are graph
     inputs (not constants). The declared types of the graph's values follow."""
@@ -40,18 +29,15 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     now = {name: dtype for name, (dtype, _) in types.items()}
     constant = {t.name for t in g.initializer}
     embedded = {t.name: t for t in g.initializer if t.data_location != TensorProto.EXTERNAL}
-    widened: dict[str, str] = {}  # a Cast's output -> its input, where the Cast widened a low value
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(now)
-    done = Autocast(low)
+    casts: dict[tuple[str, int], str] = {}  # (tensor, type) -> its copy of that type
     nodes: list[onnx.NodeProto] = []
 
     def cast(x: str, to: int) -> str:
         if now.get(x) == to:
             return x
-        if widened.get(x) is not None and now[widened[x]] == to:
-            return widened[x]
         key = (x, to)
-        if key not in done.casts:
+        if key not in casts:
             name = unique(f"{x}.{LOW_TYPES.get(to, 'fp32')}", taken)
             if x in embedded:  # a constant is cast once, here
                 g.initializer.append(cast_value(embedded[x], to, name))
@@ -60,8 +46,8 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             now[name] = to
             if x in constant:
                 constant.add(name)
-            done.casts[key] = name
-        return done.casts[key]
+            casts[key] = name
+        return casts[key]
 
     for n in list(g.node):
         schema = find_schema(n, opset)
@@ -69,7 +55,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
         kind = rule(n.op_type) if schema is not None else FLOAT32  # an op without a schema: float32
         targets: dict[str, int] = {}
         for param, members in groups.items():
-            floats = [x for x in members if now.get(x) in WIDTH]
+            floats = [x for x in members if now.get(x) in FLOATS]
             if not floats:
                 continue
             if kind == LOW:
@@ -80,17 +66,13 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
                 weighed = [x for x in floats if x not in constant] or floats
                 targets[param] = widest(now[x] for x in weighed)
             for k, x in enumerate(n.input):
-                if x and x in members and now.get(x) in WIDTH and now[x] != targets[param]:
+                if x and x in members and now.get(x) in FLOATS and now[x] != targets[param]:
                     n.input[k] = cast(x, targets[param])
-        done.low_nodes += any(t == low for t in targets.values())
         results = [o.type_str for o in schema.outputs] if schema is not None else []
         for j, out in enumerate(n.output):
             if out:
                 param = results[min(j, len(results) - 1)] if results else None
-                now[out] = targets.get(param, now.get(out)) if now.get(out) in WIDTH else now.get(out)
-        if n.op_type == "Cast" and n.domain in STANDARD and now.get(n.input[0]) in LOW_TYPES and WIDTH.get(
-                now.get(n.output[0]), 0) > WIDTH[now[n.input[0]]]:
-            widened[n.output[0]] = n.input[0]
+                now[out] = targets.get(param, now.get(out)) if now.get(out) in FLOATS else now.get(out)
         if n.input and all(x in constant for x in n.input if x):
             constant.update(o for o in n.output if o)
         nodes.append(n)
@@ -99,7 +81,6 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     for vi in (*g.value_info, *g.output):
         if vi.name in now and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.elem_type = now[vi.name]
-    return done
 
 
 def cast_value(t: onnx.TensorProto, to: int, name: str) -> onnx.TensorProto:

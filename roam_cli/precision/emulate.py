@@ -1,14 +1,19 @@
-"""bfloat16 on a runtime without bfloat16 kernels: ONNX Runtime's CPU provider has Cast to and from
-bfloat16, and the data-movement kernels (Reshape, Transpose, Gather, Concat, ...), but no
-arithmetic in it (MatMul, Add, ... are NOT_IMPLEMENTED).
+"""16-bit floats on a runtime without their kernels: ONNX Runtime's CPU provider.
 
-`emulate` rewrites each node that reads or writes bfloat16 and has no kernel for it: its bfloat16
-inputs are widened to float32 by a Cast, it computes in float32, and each bfloat16 result is
-rounded through a Cast to bfloat16 — what a GPU's bfloat16 kernel gives (float32 accumulation, one
-rounding of the result) — and keeps its name, type and size. The nodes with a kernel stay as they
-are. A widened input is one Cast per tensor, however many emulated nodes read it. The rewritten
-graph is the one that runs on the CPU: plan that one (its float32 temporaries are tensors like
-any other)."""
+It has Cast to and from bfloat16 and the data-movement kernels (Reshape, Transpose, Gather, ...),
+but no bfloat16 arithmetic (MatMul, Add, ... are NOT_IMPLEMENTED). float16 graphs it runs, by
+inserting Casts around the kernels it lacks, then removing each Cast to float16 it finds followed
+by one back to float32 as if the pair were free: a product of two weights cast to float16
+computes on the float32 weights, unrounded. Neither gives a GPU's numbers.
+
+`emulate` rewrites each node that reads or writes bfloat16 or float16 and has no kernel for that
+type: its 16-bit inputs are widened to float32 by a Cast, it computes in float32, and each 16-bit
+result is rounded through a Cast to its type — what a GPU's kernel gives (float32 accumulation,
+one rounding of the result) — keeping its name, type and size. The nodes with a kernel stay as
+they are. Each emulated node widens its own inputs: the float32 copies live around that node
+alone, as a kernel's scratch would, so the 16-bit tensors are what is kept between nodes, as on
+a GPU, and no Cast pair is left for ONNX Runtime to remove. The rewritten graph is the one that
+runs on the CPU: plan that one (its float32 temporaries are tensors like any other)."""
 
 from __future__ import annotations
 
@@ -17,9 +22,11 @@ import functools
 import onnx
 from onnx import TensorProto, helper
 
-BF16 = TensorProto.BFLOAT16
+from roam_cli.precision import LOW_TYPES
+
+BF16, FP16 = TensorProto.BFLOAT16, TensorProto.FLOAT16
 # metadata_props key of an emulated graph: the number of nodes emulated
-EMULATED_KEY = "roam.emulated_bf16"
+EMULATED_KEY = "roam.emulated"
 
 
 def holds(model: onnx.ModelProto, dtype: int) -> bool:
@@ -47,7 +54,7 @@ def kernels(provider: str, dtype: int) -> frozenset[tuple[str, str]]:
     """(domain, op) that `provider` has a kernel of `dtype` for, from ONNX Runtime's registry."""
     from onnxruntime.capi import _pybind_state
 
-    wanted = f"tensor({onnx.helper.tensor_dtype_to_string(dtype).removeprefix('TensorProto.').lower()})"
+    wanted = f"tensor({ {BF16: 'bfloat16', FP16: 'float16'}[dtype]})"
     found = set()
     for k in _pybind_state.get_all_opkernel_def():
         if k.provider == provider and any(wanted in types for types in k.type_constraints.values()):
@@ -55,31 +62,33 @@ def kernels(provider: str, dtype: int) -> frozenset[tuple[str, str]]:
     return frozenset(found)
 
 
-def lacking(model: onnx.ModelProto, provider: str = "CPUExecutionProvider", dtype: int = BF16,
+def lacking(model: onnx.ModelProto, provider: str = "CPUExecutionProvider", dtypes: tuple[int, ...] = (BF16,),
             types: dict[str, int] | None = None) -> list[onnx.NodeProto]:
-    """The nodes that read or write `dtype` and have no kernel of it on `provider`."""
-    if not holds(model, dtype):
+    """The nodes that read or write one of `dtypes` and have no kernel of it on `provider`."""
+    held = [t for t in dtypes if holds(model, t)]
+    if not held:
         return []
     types = types if types is not None else element_types(model)
-    have = kernels(provider, dtype)
-    return [n for n in model.graph.node if without_kernel(n, dtype, types, have)]
+    have = {t: kernels(provider, t) for t in held}
+    return [n for n in model.graph.node if without_kernel(n, types, have)]
 
 
-def without_kernel(n: onnx.NodeProto, dtype: int, types: dict[str, int], have: frozenset) -> bool:
-    return (any(types.get(x) == dtype for x in (*n.input, *n.output) if x) and n.op_type != "Constant"
-            and ("" if n.domain == "ai.onnx" else n.domain, n.op_type) not in have)
+def without_kernel(n: onnx.NodeProto, types: dict[str, int], have: dict[int, frozenset]) -> bool:
+    op = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
+    return n.op_type != "Constant" and any(types.get(x) in have and op not in have[types[x]]
+                                           for x in (*n.input, *n.output) if x)
 
 
 def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> int:
-    """Rewrite `model` in place so that `provider` runs it (see the module's docstring); returns the
-    number of nodes emulated."""
+    """Rewrite `model` in place so that `provider` computes its 16-bit nodes as a GPU does (see the
+    module's docstring); returns the number of nodes emulated."""
     g = model.graph
-    if not holds(model, BF16):
+    held = [t for t in LOW_TYPES if holds(model, t)]
+    if not held:
         return 0
     types = element_types(model)
-    have = kernels(provider, BF16)
+    have = {t: kernels(provider, t) for t in held}
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(types)
-    wide: dict[str, str] = {}  # a bfloat16 tensor -> its float32 copy
     nodes: list[onnx.NodeProto] = []
 
     def fresh(name: str) -> str:
@@ -92,23 +101,24 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
 
     count = 0
     for n in g.node:
-        if not without_kernel(n, BF16, types, have):
+        if not without_kernel(n, types, have):
             nodes.append(n)
             continue
         count += 1
+        wide: dict[str, str] = {}  # this node's 16-bit inputs -> their float32 copies
         for k, x in enumerate(n.input):
-            if x and types.get(x) == BF16:
+            if x and types.get(x) in LOW_TYPES:
                 if x not in wide:
                     wide[x] = fresh(f"{x}.fp32")
                     nodes.append(helper.make_node("Cast", [x], [wide[x]], name=wide[x], to=TensorProto.FLOAT))
                 n.input[k] = wide[x]
         rounded = []
         for j, y in enumerate(n.output):
-            if y and types.get(y) == BF16:
+            if y and types.get(y) in LOW_TYPES:
                 n.output[j] = fresh(f"{y}.fp32")
-                rounded.append(helper.make_node("Cast", [n.output[j]], [y], name=fresh(f"{y}.round"), to=BF16))
-        for a in n.attribute:  # a bfloat16 result a node makes from an attribute: made in float32
-            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i == BF16:
+                rounded.append(helper.make_node("Cast", [n.output[j]], [y], name=fresh(f"{y}.round"), to=types[y]))
+        for a in n.attribute:  # a 16-bit result a node makes from an attribute: made in float32
+            if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in LOW_TYPES:
                 a.i = TensorProto.FLOAT
         nodes.extend([n, *rounded])
     if count:

@@ -24,6 +24,8 @@ Where roam differs from torch, and why:
 
 from onnx import TensorProto
 
+from roam_cli.core.graph import element_size
+
 LOW, FLOAT32 = "low", "float32"
 
 POLICY = {
@@ -35,8 +37,7 @@ POLICY = {
         "CumSum", "SoftmaxCrossEntropyLoss", "NegativeLogLikelihoodLoss"), FLOAT32),
 }
 
-# Widest first: the type a promotion picks among an op's operands.
-WIDTH = {TensorProto.DOUBLE: 3, TensorProto.FLOAT: 2, TensorProto.FLOAT16: 1, TensorProto.BFLOAT16: 1}
+FLOATS = frozenset({TensorProto.DOUBLE, TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 
 
 def rule(op_type: str) -> str | None:
@@ -45,4 +46,5 @@ def rule(op_type: str) -> str | None:
 
 
 def widest(types) -> int:
-    return max(types, key=lambda t: WIDTH[t])
+    """The type a promotion picks among an op's operands (a step mixes one 16-bit type with wider ones)."""
+    return max(types, key=element_size)
