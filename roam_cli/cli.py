@@ -1083,7 +1083,7 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
             out.print("repaired: " + ", ".join(f"{op} ×{n}" for op, n in sorted(made.repaired.items())), highlight=False)
         if s.recovered:
             shown = ", ".join(f"{c} -> {p}" for c, p in list(s.recovered.items())[:3])
-            out.print(f"recovered: {len(s.recovered)} weights the exporter folded into transposed constants, trained "
+            out.print(f"recovered: {len(s.recovered)} weights the exporter folded into constants (transposed, cast), trained "
                       f"as their parameters ({shown}{', ...' if len(s.recovered) > 3 else ''}; --json lists them)",
                       highlight=False, soft_wrap=True)
         if made.precision:

@@ -272,3 +272,52 @@ def test_fp16_loss_scaling_on_a_graph_with_no_loss_is_refused(tmp_path):
              "--precision", "fp16")
     assert r.code == 2 and "needs a loss" in r.err and "float[4, 4]" in r.err, r.err
     assert not out.exists()
+
+
+def test_weight_casts_an_autocast_export_folded_are_recovered_as_float32_masters(tmp_path):
+    """torch.onnx.export under torch.autocast, dynamo's default optimisation: each weight's cast is
+    folded into an fp16 constant named after the call (`_to_copy_2`), read where the parameter was.
+    GPT-2's Conv1D reads its weight [in, out] and bias as they are (`addmm`), a Linear its weight
+    transposed (`linear`), and the tied LM head's fp16 transpose equals the kept float32 table's,
+    rounded. Each becomes its parameter again: Identity or Transpose of a float32 master, under
+    PyTorch's name, the tie one tensor; the masters start from the rounded values."""
+    from roam_cli.frontend import parameters, recover
+
+    rng = np.random.default_rng(0)
+    table = rng.standard_normal((5, 4)).astype(np.float32)  # [vocab, hidden], kept: the embedding reads it
+    w, b = rng.standard_normal((4, 4)).astype(np.float16), rng.standard_normal(4).astype(np.float16)
+    fc = rng.standard_normal((4, 4)).astype(np.float16)  # a Linear's [out, in], folded as its transpose
+    m = model([node("Gather", ["lm_head.weight", "ids"], ["e"], name="node_embedding"),
+               node("Cast", ["e"], ["e16"], name="node__to_copy_1", to=FP16),
+               node("Gemm", ["e16", "_to_copy", "_to_copy_2"], ["h"], name="node_addmm"),
+               node("MatMul", ["h", "val_7"], ["g"], name="node_linear"),
+               node("MatMul", ["g", "val_9"], ["logits"], name="node_linear_1")],
+              [("ids", [3], I64)], [("logits", [3, 5], FP16)],
+              {"lm_head.weight": table, "_to_copy": w, "_to_copy_2": b, "val_7": np.ascontiguousarray(fc.T),
+               "val_9": np.ascontiguousarray(table.T).astype(np.float16)})
+    m.graph.metadata_props.add(key=parameters.SIGNATURE_KEY, value=(
+        "p_attn_weight: PARAMETER target='attn.weight'\np_attn_bias: PARAMETER target='attn.bias'\n"
+        "p_fc_weight: PARAMETER target='fc.weight'\np_lm_head_weight: PARAMETER target='lm_head.weight'\n"))
+    calls = {"node_embedding": ("embedding", "(%p_lm_head_weight, %ids)", "wte: Embedding"),
+             "node_addmm": ("addmm", "(%_to_copy_2, %_to_copy_1, %_to_copy)", "attn: Conv1D"),
+             "node_linear": ("linear", "(%h, %_to_copy_3)", "fc: Linear"),
+             "node_linear_1": ("linear", "(%g, %_to_copy_4)", "lm_head: Linear")}
+    for n in m.graph.node:
+        if n.name in calls:
+            target, args, module = calls[n.name]
+            n.metadata_props.add(key=parameters.FX_NODE_KEY, value=f"%y = call_function[target=torch.ops.aten."
+                                 f"{target}.default](args = {args}, kwargs = {{}})")
+            n.metadata_props.add(key=parameters.NAMESPACE_KEY, value=f": Model/{module}/{target}: aten.{target}")
+    found = parameters.find(m)
+    assert found.folded == {"_to_copy": "attn.weight", "_to_copy_2": "attn.bias", "val_7": "fc.weight",
+                            "val_9": "lm_head.weight"}
+    got = recover.recover(m, found, tmp_path)
+    assert got.derived == {"_to_copy": ("attn.weight", [0, 1]), "_to_copy_2": ("attn.bias", [0]),
+                           "val_7": ("fc.weight", [1, 0]), "val_9": ("lm_head.weight", [1, 0])}
+    assert got.added == ["attn.weight", "attn.bias", "fc.weight"] and found.folded == {}
+    made = {n.output[0]: n.op_type for n in m.graph.node if n.name.endswith("/recovered")}
+    assert made == {"_to_copy": "Identity", "_to_copy_2": "Identity", "val_7": "Transpose", "val_9": "Transpose"}
+    assert masters.to_float32(m, FP16, ["attn.weight", "attn.bias", "fc.weight", "lm_head.weight"]) == [
+        "attn.weight", "attn.bias", "fc.weight"]
+    assert {x: t for x, t in types_of(m).items() if x in ("attn.weight", "attn.bias", "fc.weight")} == {
+        "attn.weight": F, "attn.bias": F, "fc.weight": F}

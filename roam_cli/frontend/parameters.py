@@ -28,6 +28,7 @@ import onnx
 from onnx import TensorProto
 
 FLOAT_TYPES = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16, TensorProto.DOUBLE}
+LOW_FLOAT_TYPES = {TensorProto.FLOAT16, TensorProto.BFLOAT16}
 SIGNATURE_KEY = "pkg.torch.export.ExportedProgram.graph_signature"
 FX_NODE_KEY = "pkg.torch.onnx.fx_node"
 NAMESPACE_KEY = "namespace"  # `: Model/transformer: GPT2Model/transformer.wte: Embedding/embedding: aten.embedding`
@@ -151,9 +152,15 @@ def scope_of(node: onnx.NodeProto) -> str:
 def fx_call(node: onnx.NodeProto) -> tuple[str, bool]:
     """(the node's record of its FX call, whether that is the record of another op's call)."""
     fx = next((p.value for p in node.metadata_props if p.key == FX_NODE_KEY), "")
-    call = re.search(r"target=([\w.]+)", fx)
-    fused = node.op_type in ATEN_CALLS and call is not None and not any(a in call[1] for a in ATEN_CALLS[node.op_type])
+    target = fx_target(fx)
+    fused = node.op_type in ATEN_CALLS and target != "" and not any(a in target for a in ATEN_CALLS[node.op_type])
     return ("", True) if fused else (fx, False)
+
+
+def fx_target(fx: str) -> str:
+    """The ATen op of a record of an FX call (`torch.ops.aten.linear.default`), or ""."""
+    call = re.search(r"target=([\w.]+)", fx)
+    return call[1] if call else ""
 
 
 def fx_parameters(node: onnx.NodeProto, params: dict[str, str]) -> list[str]:
@@ -167,9 +174,11 @@ def module_of(node: onnx.NodeProto) -> str:
     return scopes[-2].split(":")[0] if len(scopes) > 2 else ""
 
 
-def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str]) -> str:
+def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str], cast: bool = False) -> str:
     """The PyTorch parameter that belongs in `node`'s operand `slot`, or "". `params`: the dynamo
-    placeholders -> names; without them, the node's module scope and the slot's usual name."""
+    placeholders -> names; without them, the node's module scope and the slot's usual name.
+    `cast`: the operand is a low-precision constant, a cast of a parameter the exporter folded
+    (autocast's `_to_copy`, read by GPT-2's Conv1D `addmm` as by a Linear)."""
     suffix = "bias" if slot >= 2 or node.op_type == "Add" else "weight"
     if params:
         read = fx_parameters(node, params)
@@ -177,8 +186,8 @@ def parameter_in(node: onnx.NodeProto, slot: int, params: dict[str, str]) -> str
             return read[0]
         fitting = [p for p in read if p.rsplit(".", 1)[-1] == suffix]
         if not read:  # a call on what the exporter made of the parameter (Falcon: mm(x, %permute)): its Linear's
-            linear = linear_module_of(node)
-            return f"{linear}.{suffix}" if linear and f"{linear}.{suffix}" in params.values() else ""
+            module = linear_module_of(node) or (module_of(node) if cast else "")
+            return f"{module}.{suffix}" if module and f"{module}.{suffix}" in params.values() else ""
         return fitting[0] if len(fitting) == 1 else ""
     scope = scope_of(node)
     return f"{scope}.{suffix}" if scope else ""
@@ -236,7 +245,7 @@ def find(model: onnx.ModelProto) -> Found:
             weight_slot = len(inits[x].dims) in WEIGHT_SLOTS.get((n.op_type, slot), ()) if x in inits else False
             if x not in inits or not weight_slot and not (params and x in is_parameter):
                 continue
-            meant = parameter_in(n, slot, params)
+            meant = parameter_in(n, slot, params, inits[x].data_type in LOW_FLOAT_TYPES)
             if x in is_parameter:
                 if params and meant and meant != x and meant not in merged.get(x, []):
                     merged.setdefault(x, []).append(meant)  # dynamo: the node read another parameter

@@ -29,7 +29,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from roam_cli.frontend.parameters import Found, through_identities
+from roam_cli.frontend.parameters import LOW_FLOAT_TYPES, Found, fx_call, fx_target, through_identities
 
 # The training graph's metadata key for where its parameters came from: the inference export
 # (its path relative to the graph's folder) and what `recover` changed.
@@ -69,12 +69,14 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
     twins = TransposedTwins([] if found.exporter == "dynamo" else held, data)
     added: list[str] = []  # the constants rewritten
     for const, meant in list(found.folded.items()):
-        if const in found.fused or not is_linear_weight(inits[const], through_identities(const, readers)):
+        perm = derivation(inits[const], through_identities(const, readers))
+        if const in found.fused or perm is None:
             continue
         param = out.tied.get(meant, meant)
         if param in inits or param in inputs:  # the exporter also kept the weight itself: one tensor
-            if data.readable(const) and data.readable(param) and not np.array_equal(data[const], data[param].T):
-                continue  # not its transpose after all: left folded, and said so
+            if data.readable(const) and data.readable(param) and not np.array_equal(
+                    data[const], np.transpose(data[param], perm).astype(data[const].dtype)):
+                continue  # not made from it after all: left folded, and said so
         else:
             twin = twins.of(const)  # a tie only the data shows
             if twin is not None:
@@ -84,10 +86,10 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
             elif not meant:
                 continue  # whose weight it is, nothing says
             elif param not in out.added:
-                shape = list(reversed(inits[const].dims))
+                shape = [inits[const].dims[k] for k in np.argsort(perm)]
                 g.input.append(helper.make_tensor_value_info(param, inits[const].data_type, shape))
                 out.added.append(param)
-        out.derived[const] = (param, TRANSPOSE)
+        out.derived[const] = (param, perm)
         added.append(const)
     if not added:
         return out
@@ -95,8 +97,9 @@ def recover(model: onnx.ModelProto, found: Found, base_dir: Path) -> Recovered:
     kept = [t for t in g.initializer if t.name not in made]
     del g.initializer[:]
     g.initializer.extend(kept)
-    derivations = [helper.make_node("Transpose", [out.derived[c][0]], [c], name=f"{c}/recovered", perm=TRANSPOSE)
-                   for c in added]
+    derivations = [helper.make_node("Transpose", [param], [c], name=f"{c}/recovered", perm=perm) if perm == TRANSPOSE
+                   else helper.make_node("Identity", [param], [c], name=f"{c}/recovered")
+                   for c, (param, perm) in ((c, out.derived[c]) for c in added)]
     nodes = derivations + list(g.node)
     del g.node[:]
     g.node.extend(nodes)
@@ -124,6 +127,16 @@ def added_values(recovered: Recovered, constants: dict[str, onnx.TensorProto], b
             value = numpy_helper.to_array(constants[const], base_dir=str(base_dir))
             out.append(numpy_helper.from_array(underived(value, perm), param))
     return out
+
+
+def derivation(t: onnx.TensorProto, reads: list[tuple[onnx.NodeProto, int]]) -> list[int] | None:
+    """How a folded constant was made from its parameter, as a permutation of its axes: a Linear's
+    weight read by MatMuls, transposed; a low-precision constant (a cast torch.autocast made, which
+    the exporter folded), as it is, but where a Linear's call transposed it too. None: not known."""
+    if t.data_type in LOW_FLOAT_TYPES:
+        linear = is_linear_weight(t, reads) and all("linear" in fx_target(fx_call(n)[0]) for n, _ in reads)
+        return TRANSPOSE if linear else list(range(len(t.dims)))
+    return TRANSPOSE if is_linear_weight(t, reads) else None
 
 
 def is_linear_weight(t: onnx.TensorProto, reads: list[tuple[onnx.NodeProto, int]]) -> bool:
