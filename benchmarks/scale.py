@@ -20,7 +20,8 @@ flattened to [B·S, V]; `3d-logits`, the same on logits [B, S, V], with roam's b
 Runtime's CrossEntropyLoss block gives them labels [B, S], which its SoftmaxCrossEntropyLoss,
 reading the classes at axis 1, refuses when the step runs); `4x2048`, batch 4 × 2,048;
 `roam-backward`, roam's own backward in standard ONNX (`--backend roam`); `sdpa-gqa-roam`, all
-of sdpa, gqa, loss-route and roam-backward at once.
+of sdpa, gqa, loss-route and roam-backward at once; `bf16`, roam's backward making the mixed-
+precision step (`--precision bf16`: float32 masters and AdamW state, the matrix products in bf16).
 
 Each plan is one `roam optimize STEP -o PLAN --jobs 2 --recompute MODE --gap GAP` command under
 `/usr/bin/time -v` (wall time, CPU time of the command and its workers, peak RSS; on a shared
@@ -69,6 +70,7 @@ class Variant:
     batch: int = 1
     seq: int = 512
     route: str = "ort"  # ort: ONNX Runtime's artifacts, fused ops kept; roam: roam's backward, standard ONNX
+    precision: str | None = None  # make-training-graph --precision (roam's backward): bf16 or fp16
 
     def export(self, size: str) -> str:
         """The folder of the export (shared by the variants that differ only in the route)."""
@@ -91,6 +93,7 @@ VARIANTS = {
     "4x2048": Variant(batch=4, seq=2048),
     "roam-backward": Variant(route="roam"),
     "sdpa-gqa-roam": Variant(attention="sdpa", kv_heads=8, loss="route", route="roam"),
+    "bf16": Variant(route="roam", precision="bf16"),
 }
 STEP = {"ort": "full_step.onnx", "roam": "roam_step.onnx"}
 
@@ -156,7 +159,9 @@ def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
 
 
 def step_path(cache: Path, size: str, variant: Variant) -> Path:
-    return cache / variant.export(size) / STEP[variant.route]
+    name = STEP[variant.route]
+    return cache / variant.export(size) / (name.replace(".onnx", f".{variant.precision}.onnx") if variant.precision
+                                           else name)
 
 
 def build(size: str, variant: Variant, cache: Path) -> Path:
@@ -179,7 +184,7 @@ def build(size: str, variant: Variant, cache: Path) -> Path:
     else:
         from roam_cli.backward.step import build as roam_backward
 
-        training_graph.make(forward, step, loss=loss, in_graph=True, backward=roam_backward)
+        training_graph.make(forward, step, loss=loss, in_graph=True, backward=roam_backward, precision=variant.precision)
     print(f"{step.parent.name}: {step.name} in {time.time() - t:.0f} s", flush=True)
     return step
 
@@ -210,7 +215,8 @@ def plan(name: str, step: Path, folder: Path, mode: str, jobs: int, stop_gap: st
                               capture_output=True, text=True, check=False).returncode == 0
     order = stats["order"]
     return row | {"nodes": len(p["order"]), "nodes_added": len(p.get("recompute", {}).get("nodes", ())),
-                  "peak_live_bytes": p["peak_live_bytes"], "arena_bytes": p["arena_bytes"],
+                  "persistent_bytes": p["persistent_bytes"], "peak_live_bytes": p["peak_live_bytes"],
+                  "arena_bytes": p["arena_bytes"],
                   "bound_bytes": order.get("lower_bound_bytes"),
                   "gap": p["peak_live_bytes"] / order["lower_bound_bytes"] - 1 if order.get("lower_bound_bytes") else None,
                   "proven": order.get("proven_optimal"), "fragmentation": p["arena_bytes"] / p["peak_live_bytes"] - 1,

@@ -50,16 +50,27 @@ def element_types(model: onnx.ModelProto) -> dict[str, int]:
 
 
 @functools.cache
-def kernels(provider: str, dtype: int) -> frozenset[tuple[str, str]]:
-    """(domain, op) that `provider` has a kernel of `dtype` for, from ONNX Runtime's registry."""
+def kernels(provider: str, dtype: int) -> dict[tuple[str, str], tuple[tuple[int, int], ...]]:
+    """(domain, op) -> the opset version ranges in which `provider` has a kernel of `dtype` for it,
+    from ONNX Runtime's registry (Pad has a bfloat16 kernel from opset 21 on, not at 19)."""
     from onnxruntime.capi import _pybind_state
 
     wanted = f"tensor({ {BF16: 'bfloat16', FP16: 'float16'}[dtype]})"
-    found = set()
+    found: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for k in _pybind_state.get_all_opkernel_def():
         if k.provider == provider and any(wanted in types for types in k.type_constraints.values()):
-            found.add(("" if k.domain == "ai.onnx" else k.domain, k.op_name))
-    return frozenset(found)
+            found.setdefault(("" if k.domain == "ai.onnx" else k.domain, k.op_name), []).append(tuple(k.version_range))
+    return {op: tuple(ranges) for op, ranges in found.items()}
+
+
+def since_version(n: onnx.NodeProto, opsets: dict[str, int]) -> int:
+    """The version of n's op that the model's opset imports: what a kernel is registered for."""
+    domain = "" if n.domain == "ai.onnx" else n.domain
+    opset = opsets.get(domain, 1)
+    try:
+        return onnx.defs.get_schema(n.op_type, opset, domain).since_version
+    except onnx.defs.SchemaError:
+        return opset
 
 
 def lacking(model: onnx.ModelProto, provider: str = "CPUExecutionProvider", dtypes: tuple[int, ...] = (BF16,),
@@ -70,13 +81,24 @@ def lacking(model: onnx.ModelProto, provider: str = "CPUExecutionProvider", dtyp
         return []
     types = types if types is not None else element_types(model)
     have = {t: kernels(provider, t) for t in held}
-    return [n for n in model.graph.node if without_kernel(n, types, have)]
+    opsets = opsets_of(model)
+    return [n for n in model.graph.node if without_kernel(n, types, have, opsets)]
 
 
-def without_kernel(n: onnx.NodeProto, types: dict[str, int], have: dict[int, frozenset]) -> bool:
-    op = ("" if n.domain == "ai.onnx" else n.domain, n.op_type)
-    return n.op_type != "Constant" and any(types.get(x) in have and op not in have[types[x]]
-                                           for x in (*n.input, *n.output) if x)
+def opsets_of(model: onnx.ModelProto) -> dict[str, int]:
+    return {("" if o.domain == "ai.onnx" else o.domain): o.version for o in model.opset_import}
+
+
+def without_kernel(n: onnx.NodeProto, types: dict[str, int], have: dict[int, dict], opsets: dict[str, int]) -> bool:
+    """Whether n reads or writes a type of `have` for which no kernel of its op's version is registered."""
+    if n.op_type == "Constant":
+        return False
+    low = {types[x] for x in (*n.input, *n.output) if x and types.get(x) in have}
+    if not low:
+        return False
+    version = since_version(n, opsets)
+    ranges = [have[t].get(("" if n.domain == "ai.onnx" else n.domain, n.op_type), ()) for t in low]
+    return not all(any(start <= version <= end for start, end in r) for r in ranges)
 
 
 def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> int:
@@ -88,6 +110,7 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
         return 0
     types = element_types(model)
     have = {t: kernels(provider, t) for t in held}
+    opsets = opsets_of(model)
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(types)
     nodes: list[onnx.NodeProto] = []
 
@@ -101,7 +124,7 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
 
     count = 0
     for n in g.node:
-        if not without_kernel(n, types, have):
+        if not without_kernel(n, types, have, opsets):
             nodes.append(n)
             continue
         count += 1
