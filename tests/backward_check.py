@@ -43,16 +43,18 @@ def weighted_loss(nodes, feeds, inits, opset, seed=0):
                          [helper.make_tensor_value_info("loss", dtype, [])], opset)
 
 
-def finite_differences(m: onnx.ModelProto, feeds: dict, name: str, eps: float) -> np.ndarray:
-    s = session(m)
+def finite_differences(m: onnx.ModelProto, feeds: dict, name: str, eps: float, run=None) -> np.ndarray:
+    """Central differences of m's `loss` wrt feed `name`; `run(outputs, feeds)`: what evaluates m
+    (an ONNX Runtime session by default)."""
+    run = run or session(m).run
     x = feeds[name]
     out = np.zeros(x.shape, np.float64)
     for idx in np.ndindex(x.shape):
         old = x[idx]
         x[idx] = old + eps
-        plus = float(s.run(["loss"], feeds)[0])
+        plus = float(run(["loss"], feeds)[0])
         x[idx] = old - eps
-        minus = float(s.run(["loss"], feeds)[0])
+        minus = float(run(["loss"], feeds)[0])
         x[idx] = old
         out[idx] = (plus - minus) / (2 * eps)
     return out

@@ -31,3 +31,26 @@ def model(nodes, inputs, outputs, initializers=(), value_info=(), metadata=None,
 def save(m: onnx.ModelProto, path) -> str:
     onnx.save(m, str(path))
     return str(path)
+
+
+def fed_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The model with its low-precision inputs and outputs as float32 ones, cast where they enter
+    and leave (ONNX Runtime's Python API takes no bfloat16 array). A node reading a low output (a
+    gradient the next one copies) reads the low value."""
+    g = model.graph
+    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
+    for vi in g.input:
+        if vi.type.tensor_type.elem_type in low:
+            to = vi.type.tensor_type.elem_type
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+            for n in g.node:
+                n.input[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.input]
+            g.node.insert(0, helper.make_node("Cast", [vi.name], [f"{vi.name}.low"], to=to))
+    for vi in g.output:
+        if vi.type.tensor_type.elem_type in low:
+            vi.type.tensor_type.elem_type = TensorProto.FLOAT
+            for n in g.node:
+                n.output[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.output]
+                n.input[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.input]
+            g.node.append(helper.make_node("Cast", [f"{vi.name}.low"], [vi.name], to=TensorProto.FLOAT))
+    return model

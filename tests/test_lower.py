@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from conftest import ORT131, SAMPLE, needs_ort_training, roam
+from onnx_builder import fed_in_float32
 from roam_cli.core.errors import RoamError
 from roam_cli.lower import lower_model, nonstandard_nodes
 
@@ -672,24 +673,3 @@ def test_a_normalisation_mixing_a_low_type_with_float32_computes_in_float32(low,
     for o in outputs:
         np.testing.assert_array_equal(got[o], want[o].astype(low_np if o in ("dX", "Y") else np.float32).astype(
             np.float32), err_msg=o)
-
-
-def fed_in_float32(model: onnx.ModelProto) -> onnx.ModelProto:
-    """The model with its low-precision inputs and outputs as float32 ones, cast where they enter
-    and leave (ONNX Runtime's Python API takes no bfloat16 array)."""
-    g = model.graph
-    low = (TensorProto.FLOAT16, TensorProto.BFLOAT16)
-    for vi in g.input:
-        if vi.type.tensor_type.elem_type in low:
-            to = vi.type.tensor_type.elem_type
-            vi.type.tensor_type.elem_type = TensorProto.FLOAT
-            for n in g.node:
-                n.input[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.input]
-            g.node.insert(0, helper.make_node("Cast", [vi.name], [f"{vi.name}.low"], to=to))
-    for vi in g.output:
-        if vi.type.tensor_type.elem_type in low:
-            vi.type.tensor_type.elem_type = TensorProto.FLOAT
-            for n in g.node:
-                n.output[:] = [f"{vi.name}.low" if x == vi.name else x for x in n.output]
-            g.node.append(helper.make_node("Cast", [f"{vi.name}.low"], [vi.name], to=TensorProto.FLOAT))
-    return model

@@ -97,8 +97,7 @@ def gather(g):
 
 
 def gather_elements(g):
-    g.give(0, g.op("ScatterElements", g.zeros_like(g.input(0)), g.input(1), g.dy(), axis=g.attr("axis", 0),
-                   reduction="add"))
+    g.give(0, g.scatter_added(g.input(1), g.dy(), g.attr("axis", 0), shape=g.axes(*g.shape(g.input(0)))))
 
 
 def gather_nd(g):

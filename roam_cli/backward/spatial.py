@@ -71,10 +71,12 @@ def window_means(size, out, kernel, stride, begin, end, dilation, include_pad, w
 
 def along_axes(g, dy: str, maps: dict[int, np.ndarray]) -> str:
     """The gradient of a map that is linear and acts on each axis apart: dy contracted with each
-    axis's matrix M [out, in] over that axis (a MatMul for the last two axes). The axes that shrink
-    most go first, so the tensors in between are the smallest; identity matrices are skipped."""
-    rank = len(g.shape(g.output(0)))
-    letters = "abcdefghij"[:rank]
+    axis's matrix M [out, in] over that axis, a MatMul (an axis before the last two: dy viewed as
+    [before, out, after], M^T [in, out] broadcast over `before`; not an Einsum, which ONNX allows
+    in bfloat16 only from opset 28). The axes that shrink most go first, so the tensors in between
+    are the smallest; identity matrices are skipped."""
+    shape = list(g.shape(g.output(0)))
+    rank = len(shape)
     for axis, m in sorted(maps.items(), key=lambda am: am[1].shape[1] / am[1].shape[0]):
         if m.shape[0] == m.shape[1] and np.array_equal(m, np.eye(len(m))):
             continue
@@ -82,9 +84,11 @@ def along_axes(g, dy: str, maps: dict[int, np.ndarray]) -> str:
             dy = g.op("MatMul", dy, g.const(m, dy))
         elif axis == rank - 2:
             dy = g.op("MatMul", g.const(m.T, dy), dy)
-        else:
-            summed = letters.replace(letters[axis], "z")
-            dy = g.op("Einsum", dy, g.const(m, dy), equation=f"{letters},{letters[axis]}z->{summed}")
+        else:  # [before, out, after] -> [before, in, after], views either side
+            folded = g.op("Reshape", dy, g.axes(int(np.prod(shape[:axis])), shape[axis], int(np.prod(shape[axis + 1:]))))
+            dy = g.op("Reshape", g.op("MatMul", g.const(m.T, dy), folded),
+                      g.axes(*shape[:axis], m.shape[1], *shape[axis + 1:]))
+        shape[axis] = m.shape[1]
     return dy
 
 

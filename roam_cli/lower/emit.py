@@ -162,6 +162,22 @@ class Emit:
         an embedding table's or a ResNet input's zeros would otherwise be folded)."""
         return self.op("Expand", self.zero_from(like), shape)
 
+    def scatter_added(self, indices: str, updates: str, axis: int = 0, *, into: str | None = None,
+                      shape: str | None = None, out: str | None = None) -> str:
+        """`into` (or zeros of `shape`, a shape tensor) with `updates` added at `indices` along
+        `axis` (ScatterElements add), in the updates' type. 16-bit values are added in float32, as
+        a GPU's kernel accumulates them (ONNX Runtime's CPU provider has no 16-bit scatter-add)."""
+        dtype = self.dtype_of(updates)
+        low = dtype in (onnx.TensorProto.FLOAT16, onnx.TensorProto.BFLOAT16)
+        if low:
+            updates = self.op("Cast", updates, to=onnx.TensorProto.FLOAT)
+            into = into and self.op("Cast", into, to=onnx.TensorProto.FLOAT)
+        base = into or self.zeros(shape, updates)
+        if not low:
+            return self.op("ScatterElements", base, indices, updates, out=out, axis=axis, reduction="add")
+        summed = self.op("ScatterElements", base, indices, updates, axis=axis, reduction="add")
+        return self.op("Cast", summed, out=out, to=dtype)
+
     def cast_like(self, x: str, like: str, out: str | None = None, **attrs) -> str:
         """x cast to `like`'s element type: a Cast, not CastLike, which runtimes run as a function
         (onnxruntime: unnamed nodes outside the plan's order)."""

@@ -67,8 +67,7 @@ def rows_added(e, shape: str, indices: str, dy: str, out: str | None = None) -> 
     column = e.op("Add", e.op("Unsqueeze", e.op("Cast", flat, to=6), e.axes(-1)), e.zero_from(dy, 6))  # 6: INT32
     where = e.op("Expand", column, e.op("Shape", rows))  # made at run time, also for constant indices
     size = e.op("Concat", e.op("Slice", shape, e.axes(0), e.axes(1)), e.op("Shape", rows, start=1), axis=0)
-    summed = e.op("ScatterElements", e.zeros(size, dy), where, rows, axis=0, reduction="add")
-    return e.op("Reshape", summed, shape, out=out)
+    return e.op("Reshape", e.scatter_added(where, rows, shape=size), shape, out=out)
 
 
 def window_attrs(e, sizes: list[int], kernel: list[int]) -> tuple[list[int], list[int], list[int]]:
@@ -143,6 +142,5 @@ def max_pool_grad(e):
     for d in x_shape:
         size *= d
     flat = e.axes(-1)
-    summed = e.op("ScatterElements", e.zeros(e.axes(size), dy), e.op("Reshape", indices, flat),
-                  e.op("Reshape", dy, flat), axis=0, reduction="add")
+    summed = e.scatter_added(e.op("Reshape", indices, flat), e.op("Reshape", dy, flat), shape=e.axes(size))
     e.op("Reshape", summed, e.axes(*x_shape), out=e.output(0))

@@ -37,5 +37,4 @@ def softmax_cross_entropy_loss_grad(e):
     column = e.axes(1)
     per_sample = e.op("Unsqueeze", per_sample, column)
     scaled = e.op("Mul", e.op("Exp", log_prob), per_sample)
-    e.op("ScatterElements", scaled, e.op("Unsqueeze", safe, column), e.op("Neg", per_sample),
-         out=e.output(0), axis=1, reduction="add")
+    e.scatter_added(e.op("Unsqueeze", safe, column), e.op("Neg", per_sample), 1, into=scaled, out=e.output(0))

@@ -9,11 +9,14 @@ keeping it)."""
 
 from __future__ import annotations
 
+import functools
+
 import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from roam_cli.core.errors import RoamError
 from roam_cli.precision import LOW_TYPES
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
@@ -23,9 +26,12 @@ STANDARD = ("", "ai.onnx")
 def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> None:
     """Rewrite `model` in place to compute in `low` where the policy says. `types`: name ->
     (element type, shape) of every tensor of the float32 forward, whose parameters are graph
-    inputs (not constants). The declared types of the graph's values follow."""
+    inputs (not constants). The declared types of the graph's values follow. An op ONNX defines
+    for the low type only from a later opset than the model's (bf16 Conv and pooling: 22) raises
+    the model's opset to it; one ONNX defines for it in none computes in float32."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 21)
+    needed = opset
     now = {name: dtype for name, (dtype, _) in types.items()}
     constant = {t.name for t in g.initializer}
     embedded = {t.name: t for t in g.initializer if t.data_location != TensorProto.EXTERNAL}
@@ -65,6 +71,10 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             else:
                 weighed = [x for x in floats if x not in constant] or floats
                 targets[param] = widest(now[x] for x in weighed)
+            if targets[param] == low:
+                since = low_since(n.op_type, param, low, opset)
+                targets[param] = low if since is not None else TensorProto.FLOAT
+                needed = max(needed, since or opset)
             for k, x in enumerate(n.input):
                 if x and x in members and now.get(x) in FLOATS and now[x] != targets[param]:
                     n.input[k] = cast(x, targets[param])
@@ -78,9 +88,44 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
+    if needed > opset:
+        raise_opset(model, needed)
     for vi in (*g.value_info, *g.output):
         if vi.name in now and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.elem_type = now[vi.name]
+
+
+@functools.cache
+def low_since(op_type: str, param: str, low: int, opset: int) -> int | None:
+    """The first opset from `opset` on whose schema of `op_type` lets type parameter `param` be
+    `low`; None when none does."""
+    wanted = f"tensor({ {TensorProto.BFLOAT16: 'bfloat16', TensorProto.FLOAT16: 'float16'}[low]})"
+    for version in range(opset, onnx.defs.onnx_opset_version() + 1):
+        try:
+            schema = onnx.defs.get_schema(op_type, version)
+        except onnx.defs.SchemaError:
+            continue
+        if any(c.type_param_str == param and wanted in c.allowed_type_strs for c in schema.type_constraints):
+            return version
+    return None
+
+
+# Ops whose meaning an opset after 18 changed, not only their types: raising the opset over them
+# would change what the graph computes.
+CHANGED_AFTER_18 = {"GroupNormalization": 21, "GridSample": 20, "DFT": 20}
+
+
+def raise_opset(model: onnx.ModelProto, version: int) -> None:
+    """The model's default opset raised to `version`: from 18 to 22 ONNX adds types to ops, and changes
+    only what CHANGED_AFTER_18 lists, which is refused."""
+    current = next(o.version for o in model.opset_import if o.domain in STANDARD)
+    for n in model.graph.node:
+        if n.domain in STANDARD and current < CHANGED_AFTER_18.get(n.op_type, 0) <= version:
+            raise RoamError(f"mixed precision needs ONNX opset {version} for its 16-bit ops, which changes what "
+                            f"{n.op_type} node {n.name!r} computes; export the model at opset {version} or higher")
+    for o in model.opset_import:
+        if o.domain in STANDARD:
+            o.version = version
 
 
 def cast_value(t: onnx.TensorProto, to: int, name: str) -> onnx.TensorProto:
