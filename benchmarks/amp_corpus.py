@@ -15,9 +15,9 @@ and a kind:
      emulated (`roam emulate`: each 16-bit op in float32, its result rounded as a GPU's kernel
      rounds it), run on PyTorch's weights and one batch. PyTorch: the module in train mode, its
      forward under `torch.autocast("cpu", P)`, `F.cross_entropy` (mean) on the logits in float32,
-     the parameters float32. fp16 scales the loss by 1024 in both (a static GradScaler: the tiny
-     models' gradients would otherwise fall into fp16's subnormals) and divides the gradients by
-     it. Per parameter tensor, three norm-relative errors: roam against autocast (`err`), autocast
+     the parameters float32. fp16 scales the loss in both by the largest power of two from 1024
+     down whose autocast gradients are all finite (a static GradScaler that does not overflow: the
+     tiny models' gradients would otherwise fall into fp16's subnormals) and divides by it. Per parameter tensor, three norm-relative errors: roam against autocast (`err`), autocast
      against the float64 gradient of the same module (`amp64`: PyTorch's own low-precision error)
      and roam against float64 (`roam64`). The tolerance is 4 x amp64: two independent roundings
      of the same size differ by about sqrt(2) of one, and torch's CPU autocast runs softmax,
@@ -71,7 +71,7 @@ ROAM = Path(sys.executable).parent / "roam"
 AMP_KINDS = ("bf16", "fp16")
 EXPORT_KINDS = ("half", "to-bf16", "autocast-bf16", "autocast-fp16")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
-FP16_SCALE = 1024.0
+FP16_SCALES = [2.0**k for k in range(10, -1, -1)]
 TOLERANCE_FACTOR = 4
 NOISE = 1e-6
 
@@ -91,15 +91,19 @@ def export_values(path: Path) -> dict[str, np.ndarray]:
     return {t.name: numpy_helper.to_array(t, base_dir=str(path.parent)) for t in onnx.load(str(path)).graph.initializer}
 
 
-def amp_gradients(model, feeds: dict, labels: np.ndarray, kind: str) -> dict[str, np.ndarray]:
-    """PyTorch AMP's gradients: the forward under autocast, the loss in float32, fp16's scaled."""
+def amp_gradients(model, feeds: dict, labels: np.ndarray, kind: str) -> tuple[dict[str, np.ndarray], float]:
+    """PyTorch AMP's gradients (the forward under autocast, the loss in float32) and the loss scale:
+    fp16's largest in FP16_SCALES whose gradients are all finite."""
     wrapped = Wrapped(model.train(), list(feeds)[1:])
-    wrapped.zero_grad()
-    scale = FP16_SCALE if kind == "fp16" else 1.0
-    with torch.autocast("cpu", DTYPES[kind]):
-        logits = wrapped(*map(torch.from_numpy, feeds.values()))
-    (cross_entropy(logits.float(), torch.from_numpy(labels)) * scale).backward()
-    return {n: (p.grad / scale).numpy().copy() for n, p in wrapped.m.named_parameters() if p.grad is not None}
+    for scale in FP16_SCALES if kind == "fp16" else [1.0]:
+        wrapped.zero_grad()
+        with torch.autocast("cpu", DTYPES[kind]):
+            logits = wrapped(*map(torch.from_numpy, feeds.values()))
+        (cross_entropy(logits.float(), torch.from_numpy(labels)) * scale).backward()
+        grads = {n: (p.grad / scale).numpy().copy() for n, p in wrapped.m.named_parameters() if p.grad is not None}
+        if all(np.isfinite(g).all() for g in grads.values()):
+            break
+    return grads, scale
 
 
 def gradients(name: str, kind: str, folder: Path) -> dict:
@@ -115,10 +119,9 @@ def gradients(name: str, kind: str, folder: Path) -> dict:
     constants = export_values(folder / "model.onnx")
     batch = dict(zip([i.name for i in onnx.load(str(folder / "model.onnx")).graph.input
                       if i.name not in constants], feeds.values()))
-    scale = FP16_SCALE if kind == "fp16" else 1.0
+    amp, scale = amp_gradients(copy.deepcopy(model), feeds, labels, kind)
     values = {**constants, **weights, **batch, "labels": labels, LOSS_SCALE: np.array(scale, np.float32)}
     ours = {p: g / scale for p, g in roam_gradients(train, values).items()}
-    amp = amp_gradients(copy.deepcopy(model), feeds, labels, kind)
     wrapped64 = Wrapped(copy.deepcopy(model).train(), list(feeds)[1:]).double()
     exact = {n.removeprefix("m."): g for n, g in torch_gradients(wrapped64, feeds, labels, torch.float64).items()}
     largest = max(float(np.linalg.norm(g)) for g in exact.values())
@@ -131,7 +134,7 @@ def gradients(name: str, kind: str, folder: Path) -> dict:
         (noise if norm64 < NOISE * largest else rows)[p] = e
     over = [p for p, e in rows.items() if not e["err"] <= TOLERANCE_FACTOR * e["amp64"]]
     return {"trained": len(made.survey.trainable), "pytorch": len(amp), "compared": len(rows), "errors": rows,
-            "noise": noise, "over": over}
+            "noise": noise, "over": over, "loss_scale": scale}
 
 
 def rel(a: np.ndarray, b: np.ndarray) -> float:

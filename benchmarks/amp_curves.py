@@ -23,6 +23,7 @@ losses, and the steps each skipped (fp16: the scale fell; the parameters are che
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import subprocess
@@ -121,7 +122,8 @@ def roam_curve(folder: Path, data, kind: str) -> tuple[list[float], list[int], d
 
 def curve(name: str, kind: str, folder: Path) -> dict:
     model, feeds, labels = model_and_batch(name)
-    export(model, feeds, "dynamo-optimize-false", folder / "model.onnx")
+    with contextlib.redirect_stdout(sys.stderr):  # the exporter's progress, not the table
+        export(model, feeds, "dynamo-optimize-false", folder / "model.onnx")
     data = batches(name, feeds, labels)
     theirs, their_skips = torch_curve(model, data, kind)
     ours, our_skips, figures = roam_curve(folder, data, kind)
