@@ -47,13 +47,10 @@ import argparse
 import copy
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import time
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -66,6 +63,7 @@ from onnx import numpy_helper
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from autograd_check import (GRADIENT_BUFFER, TOLERANCE, Wrapped, fresh, relative_errors,  # noqa: E402
                             roam_gradients, session, torch_gradients)
+from cells import run_cell  # noqa: E402
 
 from roam_cli.core.errors import first_line  # noqa: E402
 
@@ -279,32 +277,6 @@ def one_line(e: Exception) -> str:
 # --- the driver: one process per cell ------------------------------------------------------------
 
 
-def run_cell(name: str, exporter: str, out: Path, timeout: int) -> dict:
-    folder = out / f"{name}-{exporter}"
-    folder.mkdir(parents=True, exist_ok=True)
-    result = folder / "result.json"
-    result.unlink(missing_ok=True)
-    start = time.time()
-    with open(folder / "cell.log", "w") as log:  # the exporters print their progress
-        proc = subprocess.Popen([sys.executable, __file__, "--cell", f"{name}:{exporter}", "--out", str(folder)],
-                                stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            proc.wait(timeout)
-            crash = f"cell process exit {proc.returncode}"
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)  # the cell and the roam it started
-            proc.wait()
-            crash = f"timed out after {timeout} s"
-    r = json.loads(result.read_text()) if result.exists() else dict(
-        model=name, exporter=exporter, crash=f"{crash}: {last_line(folder / 'cell.log')}")
-    return r | {"seconds": round(time.time() - start, 1)}
-
-
-def last_line(path: Path) -> str:
-    lines = path.read_text(errors="replace").strip().splitlines()
-    return lines[-1][:300] if lines else ""
-
-
 def outcome(r: dict) -> str:
     """The cell's status for the table's "built" column."""
     if "crash" in r:
@@ -434,7 +406,8 @@ def main(argv=None) -> int:
         p.error(f"unknown: {', '.join(unknown)}")
     with tempfile.TemporaryDirectory() as scratch, ThreadPoolExecutor(a.jobs) as pool:
         out = (a.out or Path(scratch)).resolve()
-        futures = [(m, e, pool.submit(run_cell, m, e, out, a.timeout)) for m in models for e in exporters]
+        futures = [(m, e, pool.submit(run_cell, __file__, f"{m}:{e}", out / f"{m}-{e}", a.timeout,
+                                      {"model": m, "exporter": e})) for m in models for e in exporters]
         rows = []
         for m, e, f in futures:
             rows.append(f.result())

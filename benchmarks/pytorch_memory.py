@@ -3,6 +3,7 @@
 
     python benchmarks/pytorch_memory.py                          # every model of suite.MODELS
     python benchmarks/pytorch_memory.py --only gpt2_small,bert_base --json OUT.json
+    python benchmarks/pytorch_memory.py --amp bf16,fp16 --only gpt2_small,bert_base,gpt2_xl,llama_7b  # AMP
 
 The reference figures that roam's plans are compared with. For each model of `suite.MODELS`:
 
@@ -45,41 +46,81 @@ update needs (gradients plus a parameter-sized temporary: transient = 2 x parame
 is also read when `optimizer.step()` starts (a step pre-hook reads the tracker's peak snapshot): the
 forward + loss + backward peak, whose transient part is the "fwd+bwd" column.
 
+Mixed precision (--amp bf16, fp16 or bf16,fp16): each model eager (no checkpointing) in float32 and in
+PyTorch AMP as it is used on GPUs, in one run, so the before and after come from the same code:
+
+- the forward and the loss under `torch.autocast("cpu", dtype)`, backward and the AdamW step outside it;
+  parameters and AdamW moments stay float32 (master weights; the script stops if one is not, or if
+  MemTracker's Parameter bytes at the peak are not the float32 parameters' bytes); fp16 adds
+  `torch.amp.GradScaler`: scale(loss).backward(), scaler.step(optimizer), scaler.update(). Its step always
+  runs the optimizer (whether an inf was found cannot be read from a fake tensor; skipping is the rare
+  step); its inf check and unscaling are in place (`_amp_foreach_non_finite_check_and_unscale_`), so the
+  scaler adds scalars only;
+- autocast casts each parameter that feeds a low-precision operator once per forward (its cache of
+  low-precision weight copies, cleared when the autocast region exits; the copies that the backward needs
+  stay alive until their backward operator has run). MemTracker files them under Activation, inside the
+  transient; `WeightCopies` watches them: the bytes made and those alive at the fwd+bwd peak;
+- the autocast is the CPU's, since the fake tensors are CPU tensors (fake CUDA tensors do not run on a
+  build without CUDA). CUDA's operator lists differ (aten/src/ATen/autocast_mode.h and .cpp): of what these
+  models run in low precision, CUDA runs pow (GPT-2's gelu_new) and softmax (BERT's attention; GPT-2's
+  input is float32 already, through its float32 mask, and LLaMA asks for float32) in float32, and so
+  keeps more bytes for the backward. The CPU's dropout differs from CUDA's fused one too, in float32 as
+  well: it multiplies by a noise tensor of the input's dtype, which the backward keeps, where CUDA's keeps
+  a bool mask. benchmarks/results/pytorch_memory_amp.md gives what each difference is worth.
+
+`llama_7b` (the LLaMA-7B architecture at 1 x 512, `NAMED_ONLY`) is measured when --only names it.
+
 MiB are 2**20 bytes. The JSON (--json) has, per model: the batch and size, parameter, optimizer-state
 and moment bytes, and per variant (eager, checkpointing) the step's peak bytes by kind, the peak bytes by
-kind before the optimizer step, both transients, the FLOPs and the seconds. The markdown table goes to
-stdout, progress to stderr.
+kind before the optimizer step, both transients, the FLOPs and the seconds; with --amp, per precision
+(`precisions`: float32, bf16, fp16) the same for the eager step, plus the weight copies' bytes
+(`weight_copy_bytes`, `weight_copy_at_peak_bytes`). The markdown table goes to stdout, progress to stderr.
 
 Needs torch and transformers (the `bench` extra); standalone, not imported by roam_cli."""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import platform
 import sys
 import time
 import warnings
+import weakref
 from pathlib import Path
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import suite  # noqa: E402  (benchmarks/suite.py: the model table and builder)
 
 MIB = 2**20
+# Measured only when named (--only). Not in suite.py, whose models are exported to ONNX: the LLaMA family
+# does not export on "meta" (suite.NAMED_ONLY's llama_tiny) and this one's float32 weights on the CPU are 25 GiB.
+NAMED_ONLY = [
+    suite.Model("llama_7b", "llama", dict(vocab_size=32000, hidden_size=4096, intermediate_size=11008,
+                                          num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32),
+                batch=1, seq=512),  # suite.build adds use_cache=False and eager attention
+]
+
+
+def _storage_key(t: torch.Tensor) -> int:
+    """What identifies the storage behind `t` (shared by its views and tied weights)."""
+    st = t.untyped_storage()
+    return id(st) if not hasattr(st, "_cdata") else st._cdata
 
 
 def _storage_bytes(tensors) -> int:
     """Bytes of the distinct storages behind `tensors`."""
     seen, total = set(), 0
     for t in tensors:
-        st = t.untyped_storage()
-        key = id(st) if not hasattr(st, "_cdata") else st._cdata
+        key = _storage_key(t)
         if key not in seen:
             seen.add(key)
-            total += st.nbytes()
+            total += t.untyped_storage().nbytes()
     return total
 
 
@@ -117,7 +158,7 @@ def size_label(spec: suite.Model) -> str:
     return f"{spec.batch}×{spec.seq}²" if spec.family in ("vit", "resnet") else f"{spec.batch}×{spec.seq}"
 
 
-def measure(spec: suite.Model, checkpointing: bool) -> dict:
+def measure(spec: suite.Model, checkpointing: bool, amp: str | None = None) -> dict:
     """One model, one variant: {'ok': False, 'reason': ...} or the figures of the second step."""
     wrapper, meta_args, _inputs, _outputs, loss_kind = suite.build(spec)  # on "meta", as the suite exports
     hf_model = wrapper.m
@@ -133,14 +174,17 @@ def measure(spec: suite.Model, checkpointing: bool) -> dict:
             return dict(ok=False, reason="gradient_checkpointing_enable() did not enable it")
         return None
 
-    return step_memory(wrapper, meta_args, loss_kind, spec.batch, prepare)
+    return step_memory(wrapper, meta_args, loss_kind, spec.batch, prepare, amp=amp)
 
 
-def step_memory(wrapper: torch.nn.Module, meta_args: tuple, loss_kind: str, batch: int, prepare=lambda: None) -> dict:
+def step_memory(wrapper: torch.nn.Module, meta_args: tuple, loss_kind: str, batch: int, prepare=lambda: None,
+                amp: str | None = None) -> dict:
     """The figures of the second AdamW training step of `wrapper(*meta_args)` (module and inputs on
     "meta"), under FakeTensorMode: loss "cross-entropy" (class labels, `batch` of them, against the
     output), "mse" (a target of the output's shape) or "none" (the output is the loss). `prepare()`
-    runs first under the mode; what it returns other than None is returned instead (a refusal)."""
+    runs first under the mode; what it returns other than None is returned instead (a refusal).
+    `amp` ("bf16", "fp16"; None: float32): mixed precision as `Precision` runs it, and the bytes of
+    autocast's low-precision parameter copies are added (`weight_copy_*`)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.utils.flop_counter import FlopCounterMode
@@ -171,17 +215,19 @@ def step_memory(wrapper: torch.nn.Module, meta_args: tuple, loss_kind: str, batc
             extra_inputs = ()
         params = list(wrapper.parameters())
         optimizer = torch.optim.AdamW(params, foreach=True)
+        precision = Precision(amp, optimizer)
 
         # step 1: creates the AdamW moments; forward + backward FLOPs counted here
         counter = FlopCounterMode(display=False)
         with counter:
-            loss_fn().backward()
-        optimizer.step()
-        optimizer.zero_grad()
+            precision.forward_backward(loss_fn)
+        precision.optimizer_step()
         flops = int(counter.get_total_flops())
 
         state = [v for s in optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
         moments = [v for s in optimizer.state.values() for k, v in s.items() if k in ("exp_avg", "exp_avg_sq")]
+        if amp and any(t.dtype != torch.float32 for t in params + moments):
+            raise RuntimeError("AMP: a parameter or AdamW moment is not float32 (master weights)")
         param_bytes = _storage_bytes(params)
         state_bytes = _storage_bytes(state)
         moment_bytes = _storage_bytes(moments)
@@ -192,18 +238,92 @@ def step_memory(wrapper: torch.nn.Module, meta_args: tuple, loss_kind: str, batc
         before_step = {}
         hook = optimizer.register_step_pre_hook(
             lambda *_: before_step.update(_by_kind(tracker.get_tracker_snapshot("peak"))))
+        copies = WeightCopies(tracker, params, precision.dtype) if amp else contextlib.nullcontext()
         with tracker:
-            loss_fn().backward()
-            optimizer.step()
-            optimizer.zero_grad()
+            with copies:
+                precision.forward_backward(loss_fn)
+            precision.optimizer_step()
         hook.remove()
         peak = _by_kind(tracker.get_tracker_snapshot("peak"))
+    if amp and peak["Parameter"] != param_bytes:  # the low-precision copies are not filed as parameters
+        raise RuntimeError(f"AMP: MemTracker's Parameter bytes {peak['Parameter']:,} are not the float32 "
+                           f"parameters' {param_bytes:,}")
+    if amp and copies.peak != before_step["Total"]:
+        raise RuntimeError("AMP: the weight copies were not read at the tracker's fwd+bwd peak")
     total = peak["Total"]
     return dict(ok=True, peak=peak, peak_before_optimizer=before_step, param_bytes=param_bytes,
                 optimizer_state_bytes=state_bytes, moment_bytes=moment_bytes,
                 transient_bytes=total - param_bytes - state_bytes,
                 transient_before_optimizer_bytes=before_step["Total"] - param_bytes - state_bytes,
-                flops=flops, seconds=time.time() - t0)
+                flops=flops, seconds=time.time() - t0, **(copies.figures() if amp else {}))
+
+
+AMP_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+AUTOCAST_DEVICE = "cpu"  # the fake tensors are CPU tensors (see the docstring for CUDA's op lists)
+
+
+class Precision:
+    """The training step's calls in float32 (amp None: loss.backward(), optimizer.step(), as before) or
+    in PyTorch AMP as it is used on GPUs: the forward and the loss under `torch.autocast` (parameters and
+    AdamW state stay float32), backward and the step outside it, and for fp16 a GradScaler:
+    scale(loss).backward(), scaler.step(optimizer), scaler.update()."""
+
+    def __init__(self, amp: str | None, optimizer: torch.optim.Optimizer):
+        self.amp, self.optimizer = amp, optimizer
+        self.dtype = AMP_DTYPES[amp] if amp else torch.float32
+        self.scaler = _FakeGradScaler(AUTOCAST_DEVICE) if amp == "fp16" else None
+
+    def forward_backward(self, loss_fn) -> None:
+        with torch.autocast(AUTOCAST_DEVICE, self.dtype) if self.amp else contextlib.nullcontext():
+            loss = loss_fn()
+        (self.scaler.scale(loss) if self.scaler else loss).backward()
+
+    def optimizer_step(self) -> None:
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad()
+
+
+class _FakeGradScaler(torch.amp.GradScaler):
+    """GradScaler whose step always runs the optimizer: it decides by reading found_inf's value
+    (`.item()`), which a fake tensor does not have. Skipping on overflow is the rare step; the inf check
+    and unscaling (`_amp_foreach_non_finite_check_and_unscale_`, in place) and update() still run."""
+
+    def _maybe_opt_step(self, optimizer, optimizer_state, *args, **kwargs):
+        return optimizer.step(*args, **kwargs)
+
+
+class WeightCopies(TorchDispatchMode):
+    """The low-precision copies of the parameters that autocast makes (`_to_copy` of a parameter to the
+    AMP dtype; its cache makes one per parameter and forward), which MemTracker files under Activation
+    with everything else the forward makes. Entered inside the tracker around forward and backward, it
+    reads the tracker's total after every operator, as the tracker updates its peak: the bytes made, and
+    those alive when the total was highest, i.e. at the fwd+bwd peak (`peak`: that total)."""
+
+    def __init__(self, tracker, params, dtype: torch.dtype):
+        super().__init__()
+        self.tracker, self.dtype = tracker, dtype
+        self.params = {_storage_key(p) for p in params}
+        self.copies: list[weakref.ref] = []  # to the copies' storages: weak, so watching keeps none alive
+        self.made = self.at_peak = self.peak = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if (func is torch.ops.aten._to_copy.default and out.dtype == self.dtype
+                and _storage_key(args[0]) in self.params):
+            self.copies.append(weakref.ref(out.untyped_storage()))
+            self.made += out.untyped_storage().nbytes()
+        total = _by_kind(self.tracker.get_tracker_snapshot("current")).get("Total", 0)
+        if total > self.peak:
+            self.peak = total
+            self.at_peak = sum(st.nbytes() for ref in self.copies if (st := ref()) is not None)
+        return out
+
+    def figures(self) -> dict:
+        return dict(weight_copy_bytes=self.made, weight_copy_at_peak_bytes=self.at_peak)
 
 
 def run_model(spec: suite.Model) -> dict:
@@ -216,6 +336,17 @@ def run_model(spec: suite.Model) -> dict:
                extra_flops_pct=((ckpt["flops"] - eager["flops"]) / eager["flops"] * 100) if ckpt["ok"] else None,
                seconds=time.time() - t0)
     return row
+
+
+def run_amp_model(spec: suite.Model, amps: list[str]) -> dict:
+    """One model eager (no checkpointing) in float32 and in each of `amps`: the before and after of one run."""
+    t0 = time.time()
+    runs = {precision: measure(spec, checkpointing=False, amp=None if precision == "float32" else precision)
+            for precision in ("float32", *amps)}
+    f32 = runs["float32"]
+    return dict(model=spec.name, family=spec.family, batch=spec.batch, size=spec.seq, label=size_label(spec),
+                param_bytes=f32["param_bytes"], optimizer_state_bytes=f32["optimizer_state_bytes"],
+                moment_bytes=f32["moment_bytes"], precisions=runs, seconds=time.time() - t0)
 
 
 def environment() -> dict:
@@ -240,39 +371,79 @@ def table_row(r: dict) -> str:
             + f" | {r['seconds']:.1f} |")
 
 
+AMP_HEADER = ("model", "batch×size", "precision", "params+moments MiB", "transient MiB", "fwd+bwd transient MiB",
+              "weight copies made MiB", "weight copies at fwd+bwd peak MiB", "peak MiB", "seconds")
+
+
+def amp_table_rows(r: dict) -> list[str]:
+    """One line per precision (float32 makes no weight copies: "–")."""
+    lines = []
+    for precision, e in r["precisions"].items():
+        copies = (f"{e['weight_copy_bytes'] / MIB:,.1f} | {e['weight_copy_at_peak_bytes'] / MIB:,.1f}"
+                  if "weight_copy_bytes" in e else "– | –")
+        lines.append(f"| {r['model']} | {r['label']} | {precision} | {(r['param_bytes'] + r['moment_bytes']) / MIB:,.1f} | "
+                     f"{e['transient_bytes'] / MIB:,.1f} | {e['transient_before_optimizer_bytes'] / MIB:,.1f} | "
+                     f"{copies} | {e['peak']['Total'] / MIB:,.1f} | {e['seconds']:.1f} |")
+    return lines
+
+
+AMP_NOTE = ("Eager (no checkpointing). precision: float32, or PyTorch AMP: forward and loss under "
+            f"torch.autocast(\"{AUTOCAST_DEVICE}\", dtype), backward and the AdamW step outside it, parameters and "
+            "AdamW moments float32 (fp16: GradScaler). Transient = peak of the second training step (MemTracker, "
+            "FakeTensorMode) minus parameters and AdamW state; fwd+bwd: the same at the peak before the optimizer step; "
+            "weight copies: autocast's low-precision copies of the parameters, made in the forward and alive at the "
+            "fwd+bwd peak (MemTracker files them under Activation: inside the transient); peak: parameters, AdamW "
+            "state and transient.")
+
+
+def choose(p: argparse.ArgumentParser, only: str | None) -> list[suite.Model]:
+    """The models of --only (suite.MODELS and NAMED_ONLY, in that order), or suite.MODELS."""
+    if not only:
+        return suite.MODELS
+    names = only.split(",")
+    known = suite.MODELS + NAMED_ONLY
+    unknown = set(names) - {m.name for m in known}
+    if unknown:
+        p.error(f"unknown models: {', '.join(sorted(unknown))} (suite.py --list; "
+                f"{', '.join(m.name for m in NAMED_ONLY)})")
+    return [m for m in known if m.name in names]
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    p.add_argument("--only", help="comma-separated model names (default: all, in suite.py's order)")
+    p.add_argument("--only", help="comma-separated model names (default: all of suite.MODELS, in suite.py's order; "
+                                  "llama_7b only when named)")
     p.add_argument("--json", type=Path, help="write every figure to this JSON file")
+    p.add_argument("--amp", help="mixed precision, bf16, fp16 or bf16,fp16: each model eager in float32 and in "
+                                 "these (default: float32 only, eager and checkpointing)")
     a = p.parse_args(argv)
+    amps = a.amp.split(",") if a.amp else []
+    if set(amps) - set(AMP_DTYPES):
+        p.error(f"--amp takes {', '.join(AMP_DTYPES)}")
     warnings.filterwarnings("ignore")
     import transformers
     transformers.logging.set_verbosity_error()
     logging.getLogger("torch").setLevel(logging.ERROR)
-    chosen = suite.MODELS
-    if a.only:
-        names = a.only.split(",")
-        unknown = set(names) - {m.name for m in suite.MODELS}
-        if unknown:
-            p.error(f"unknown models: {', '.join(sorted(unknown))} (suite.py --list)")
-        chosen = [m for m in suite.MODELS if m.name in names]
+    chosen = choose(p, a.only)
     env = environment()
-    print("| " + " | ".join(HEADER) + " |\n|" + "---|" * len(HEADER), flush=True)
+    header = AMP_HEADER if amps else HEADER
+    print("| " + " | ".join(header) + " |\n|" + "---|" * len(header), flush=True)
     rows = []
     for spec in chosen:
         print(f"{spec.name}...", file=sys.stderr, flush=True)
-        r = run_model(spec)
+        r = run_amp_model(spec, amps) if amps else run_model(spec)
         rows.append(r)
-        print(table_row(r), flush=True)
+        print("\n".join(amp_table_rows(r) if amps else [table_row(r)]), flush=True)
         if a.json:  # after every model, so a long run keeps what it has
             a.json.write_text(json.dumps(dict(environment=env, mib=MIB, models=rows), indent=1))
     print()
-    print("Transient = peak of the second training step (MemTracker, FakeTensorMode) minus parameters and AdamW "
+    print(AMP_NOTE if amps else
+          "Transient = peak of the second training step (MemTracker, FakeTensorMode) minus parameters and AdamW "
           "state (moments and step counters); fwd+bwd: the same at the peak before optimizer.step() starts; "
           "params+moments = parameters + exp_avg + exp_avg_sq. GFLOPs: "
           "forward + backward, matmul/conv/attention only (FlopCounterMode). Checkpointing: transformers' "
           "gradient_checkpointing_enable() (whole layers, non-reentrant).")
-    for r in rows:
+    for r in [] if amps else rows:
         if not r["checkpointing"]["ok"]:
             print(f"\n{r['model']}: checkpointing n/a: {r['checkpointing']['reason']}.")
     print(f"\nPython {env['python']}, torch {env['torch']}, transformers {env['transformers']}; {env['machine']} "

@@ -27,3 +27,13 @@ def low_type(precision: str) -> int | None:
         raise RoamError(f"--precision {precision!r}: choose one of {', '.join(PRECISIONS)}")
     dtype = PRECISIONS[precision]
     return dtype if dtype in LOW_TYPES else None
+
+
+def unique(name: str, taken: set[str]) -> str:
+    """`name`, or `name_1`, `name_2`, ...: the first not in `taken`, which it joins."""
+    k, candidate = 0, name
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}_{k}"
+    taken.add(candidate)
+    return candidate

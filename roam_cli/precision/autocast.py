@@ -17,7 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
-from roam_cli.precision import LOW_TYPES
+from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
 STANDARD = ("", "ai.onnx")
@@ -162,12 +162,3 @@ def find_schema(n: onnx.NodeProto, opset: int):
         return onnx.defs.get_schema(n.op_type, opset)
     except onnx.defs.SchemaError:
         return onnx.defs.get_schema(n.op_type)
-
-
-def unique(name: str, taken) -> str:
-    k, candidate = 0, name
-    while candidate in taken:
-        k += 1
-        candidate = f"{name}_{k}"
-    taken.add(candidate)
-    return candidate

@@ -22,7 +22,7 @@ import functools
 import onnx
 from onnx import TensorProto, helper
 
-from roam_cli.precision import LOW_TYPES
+from roam_cli.precision import LOW_TYPES, unique
 
 BF16, FP16 = TensorProto.BFLOAT16, TensorProto.FLOAT16
 # metadata_props key of an emulated graph: the number of nodes emulated
@@ -114,14 +114,6 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(types)
     nodes: list[onnx.NodeProto] = []
 
-    def fresh(name: str) -> str:
-        k, candidate = 0, name
-        while candidate in taken:
-            k += 1
-            candidate = f"{name}_{k}"
-        taken.add(candidate)
-        return candidate
-
     count = 0
     for n in g.node:
         if not without_kernel(n, types, have, opsets):
@@ -132,14 +124,15 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
         for k, x in enumerate(n.input):
             if x and types.get(x) in LOW_TYPES:
                 if x not in wide:
-                    wide[x] = fresh(f"{x}.fp32")
+                    wide[x] = unique(f"{x}.fp32", taken)
                     nodes.append(helper.make_node("Cast", [x], [wide[x]], name=wide[x], to=TensorProto.FLOAT))
                 n.input[k] = wide[x]
         rounded = []
         for j, y in enumerate(n.output):
             if y and types.get(y) in LOW_TYPES:
-                n.output[j] = fresh(f"{y}.fp32")
-                rounded.append(helper.make_node("Cast", [n.output[j]], [y], name=fresh(f"{y}.round"), to=types[y]))
+                n.output[j] = unique(f"{y}.fp32", taken)
+                rounded.append(helper.make_node("Cast", [n.output[j]], [y], name=unique(f"{y}.round", taken),
+                                                to=types[y]))
         for a in n.attribute:  # a 16-bit result a node makes from an attribute: made in float32
             if a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT and a.i in LOW_TYPES:
                 a.i = TensorProto.FLOAT
