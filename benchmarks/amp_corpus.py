@@ -17,17 +17,19 @@ and a kind:
      forward under `torch.autocast("cpu", P)`, `F.cross_entropy` (mean) on the logits in float32,
      the parameters float32. fp16 scales the loss in both by the largest power of two from 1024
      down whose autocast gradients are all finite (a static GradScaler that does not overflow: the
-     tiny models' gradients would otherwise fall into fp16's subnormals) and divides by it. Per parameter tensor, three norm-relative errors: roam against autocast (`err`), autocast
+     tiny models' gradients would otherwise fall into fp16's subnormals) and divides by it. Per
+     parameter tensor, three norm-relative errors: roam against autocast (`err`), autocast
      against the float64 gradient of the same module (`amp64`: PyTorch's own low-precision error)
      and roam against float64 (`roam64`). The tolerance is 4 x amp64: two independent roundings
      of the same size differ by about sqrt(2) of one, and torch's CPU autocast runs softmax,
      layer_norm and pow in the low type where roam's policy (torch's CUDA lists) runs them in
      float32. A tensor whose float64 gradient is below 1e-6 of the largest is float noise in every
      run (an attention key's bias) and is listed apart.
-  2. the step: `make-training-graph --in-graph-optimizer --precision P`, `roam emulate`, `roam
-     optimize`, `roam verify`, `roam train --steps 3 --compare --save-weights` (the export's
-     weights in, PyTorch-named float32 weights out): whether each passes, the requests at their
-     plan offset, the compare's differences.
+  2. the step: `make-training-graph --in-graph-optimizer --precision P`, then on the CPU provider
+     bf16 `roam emulate`d and fp16 as the provider runs it (`roam optimize --ort-optimized`: the
+     casts it inserts planned), `roam verify`, `roam train --steps 3 --compare --save-weights` (the
+     export's weights in, PyTorch-named float32 weights out): whether each passes, the requests at
+     their plan offset, the compare's differences.
 - `half`, `to-bf16`, `autocast-bf16`, `autocast-fp16` (exports already in low precision:
   `model.half()`, `model.to(torch.bfloat16)`, or the float32 module exported under
   `torch.autocast("cpu", P)` with dynamo's default optimisation, which folds the weights' casts):
@@ -142,8 +144,10 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def step_pipeline(folder: Path, precision: str | None) -> dict:
-    """Part 2: the full step made (following the export without `precision`), emulated, planned,
-    verified and trained 3 steps against a plain run; the weights written back."""
+    """Part 2: the full step made (following the export without `precision`), planned, verified and
+    trained 3 steps against a plain run on the CPU provider, as the issue asks: bf16 emulated (the
+    provider has no bf16 arithmetic), fp16 as the provider runs it (the casts it inserts: planned
+    with --ort-optimized); the weights written back."""
     r: dict = {}
     made = roam("make-training-graph", "model.onnx", "-o", "step.onnx", "--loss", "cross-entropy",
                 "--in-graph-optimizer", "--json", *(["--precision", precision] if precision else []), cwd=folder)
@@ -153,11 +157,16 @@ def step_pipeline(folder: Path, precision: str | None) -> dict:
     listed = json.loads(made.stdout)
     r["warnings"] = listed["warnings"]
     r["precision"] = listed.get("precision", {}).get("precision", "fp32")
-    for stage, args in (("emulate", ("emulate", "step.onnx", "-o", "step.cpu.onnx")),
-                        ("optimize", ("optimize", "step.cpu.onnx", "-o", "plan.json")),
-                        ("verify", ("verify", "step.cpu.onnx", "plan.json")),
-                        ("train", ("train", "step.cpu.onnx", "--plan", "plan.json", "--steps", "3", "--compare",
-                                   "--json", "--save-weights", "trained.safetensors"))):
+    native = r["precision"] == "fp16"
+    runs = "plan.annotated.onnx" if native else "step.cpu.onnx"
+    stages = [("emulate", ("emulate", "step.onnx", "-o", "step.cpu.onnx"))] if not native else []
+    stages += [("optimize", ("optimize", "step.onnx" if native else runs, "-o", "plan.json",
+                             *(["--ort-optimized"] if native else []))),
+               ("verify", ("verify", runs, "plan.json")),
+               ("train", ("train", runs, "--plan", "plan.json", "--steps", "3", "--compare", "--json",
+                          "--save-weights", "trained.safetensors"))]
+    r["runs"] = "CPU provider's own fp16" if native else "emulated"
+    for stage, args in stages:
         run = roam(*args, cwd=folder)
         r[stage] = run.returncode
         if run.returncode:
@@ -231,8 +240,8 @@ def step_cell(r: dict) -> str:
     c = s["compare"]
     equal = "bit-equal" if c["outputs_max_rel"] == 0 and c["state_max_rel"] == 0 else \
         f"differs {max(c.values()):.1e}"
-    return (f"{s['precision']}, {s['at_offset']}/{s['planned']} at offset, {equal}, loss {s['losses'][0]:.4f} → "
-            f"{s['losses'][-1]:.4f}, weights {','.join(s['weights']['dtypes'])}")
+    return (f"{s['precision']} ({s['runs']}), {s['at_offset']}/{s['planned']} at offset, {equal}, "
+            f"loss {s['losses'][0]:.4f} → {s['losses'][-1]:.4f}, weights {','.join(s['weights']['dtypes'])}")
 
 
 def main(argv=None) -> int:
@@ -272,16 +281,15 @@ def main(argv=None) -> int:
     for r in rows:
         warned = "; ".join(w[:100] for w in r.get("step", {}).get("warnings", []))
         failure = r.get("error") or r.get("crash")
-        print(f"| {r['model']} | {r['kind']} | {worst(r)} | {('**' + failure[:150] + '**') if failure else step_cell(r)} "
-              f"| {warned or '—'} |")
+        step = f"**{failure[:150]}**" if failure else step_cell(r)
+        print(f"| {r['model']} | {r['kind']} | {worst(r)} | {step} | {warned or '—'} |")
     graded = [r for r in rows if r["kind"] in AMP_KINDS and "errors" in r]
-    stepped = [r for r in rows if "error" not in r.get("step", {"error": 1})]
+    equal = [r for r in rows if "error" not in r.get("step", {"error": 1})
+             and r["step"]["compare"]["outputs_max_rel"] == 0 == r["step"]["compare"]["state_max_rel"]]
     print(f"\ngradients within tolerance on every compared tensor: "
           f"{sum(not r['over'] for r in graded)}/{len(graded)} cells "
           f"({len({r['model'] for r in graded if not r['over']})} architectures)")
-    print(f"steps made, emulated, planned, verified and trained bit-equal to a plain run: "
-          f"{sum(s['step']['compare']['outputs_max_rel'] == 0 == s['step']['compare']['state_max_rel'] for s in stepped)}"
-          f"/{len(rows)} cells")
+    print(f"steps made, planned, verified and trained bit-equal to a plain run: {len(equal)}/{len(rows)} cells")
     return 0
 
 

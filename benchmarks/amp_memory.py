@@ -84,12 +84,13 @@ def plan(step_path: Path, recompute: str) -> dict:
 
 
 def pytorch_figures(path: Path) -> dict:
-    """{(model, precision): {transient, peak}} in bytes, from pytorch_memory.py's JSON."""
+    """{(model, precision): {transient, peak}} in bytes, from pytorch_memory.py's JSON (transient: the
+    step's peak less parameters and optimizer state)."""
     if not path.exists():
         return {}
-    rows = json.loads(path.read_text())
-    rows = rows["rows"] if isinstance(rows, dict) else rows
-    return {(r["model"], r.get("precision", "fp32")): r for r in rows}
+    names = {"float32": "fp32"}
+    return {(m["model"], names.get(p, p)): {"transient": r["transient_bytes"], "peak": r["peak"]["Total"]}
+            for m in json.loads(path.read_text())["models"] for p, r in m["precisions"].items() if r.get("ok")}
 
 
 def mib(n) -> str:
