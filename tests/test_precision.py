@@ -9,6 +9,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
+from onnxruntime.capi import _pybind_state
 from onnx import TensorProto, numpy_helper
 from onnx_builder import model, node, save
 
@@ -135,11 +136,14 @@ def test_the_emulation_rounds_each_result_to_bfloat16_as_a_bf16_kernel_does():
                node("Cast", ["r16"], ["s"], to=F)], [("a", [3]), ("b", [3])], [("s", [3])],
               {"shape": np.array([3], np.int64)}, value_info=[("a16", [3], BF16), ("b16", [3], BF16),
                                                                 ("s16", [3], BF16), ("r16", [3], BF16)])
-    assert [n.op_type for n in lacking(m)] == ["Add"]
+    # (onnxruntime-training 1.19 lists no kernels: roam then emulates every 16-bit node but Cast)
+    registry = hasattr(_pybind_state, "get_all_opkernel_def")
+    assert [n.op_type for n in lacking(m)] == (["Add"] if registry else ["Add", "Reshape"])
     with pytest.raises(Exception, match="NOT_IMPLEMENTED"):
         session_of(m)
-    assert emulate(m) == 1
-    assert [n.op_type for n in m.graph.node] == ["Cast", "Cast", "Cast", "Cast", "Add", "Cast", "Reshape", "Cast"]
+    assert emulate(m) == (1 if registry else 2)
+    if registry:
+        assert [n.op_type for n in m.graph.node] == ["Cast", "Cast", "Cast", "Cast", "Add", "Cast", "Reshape", "Cast"]
     (s,) = session_of(m).run(None, {"a": np.array([1, 1, 256], np.float32),
                                      "b": np.array([2**-8, 3 * 2**-9, 1], np.float32)})
     assert s.tolist() == [1.0, 1 + 2**-7, 256.0]
@@ -240,6 +244,9 @@ def test_bfloat16_arithmetic_on_the_cpu_provider_is_refused_naming_the_way_out(t
     assert "bfloat16" in r.err and "roam emulate" in r.err and "--provider cuda" in r.err
 
 
+@pytest.mark.skipif(not hasattr(_pybind_state, "get_all_opkernel_def"),
+                    reason="this ONNX Runtime (onnxruntime-training 1.19) lists no kernels: which float16 nodes it "
+                           "runs between casts of its own is unknown to roam")
 def test_an_fp16_plan_of_a_graph_the_cpu_provider_changes_is_refused_naming_both_ways_out(tmp_path):
     step, plan = tmp_path / "step.onnx", tmp_path / "plan.json"
     assert roam("make-training-graph", mlp_export(tmp_path), "-o", step, "--loss", "cross-entropy",

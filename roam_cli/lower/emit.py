@@ -87,6 +87,7 @@ class Lowering:
             if name in self.initializers:  # made by an earlier pass over this model: the same value
                 return name
             self.constants[key] = numpy_helper.from_array(array, name)
+            self.made[name] = dtype
         return self.constants[key].name
 
 

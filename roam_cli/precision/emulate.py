@@ -52,9 +52,13 @@ def element_types(model: onnx.ModelProto) -> dict[str, int]:
 @functools.cache
 def kernels(provider: str, dtype: int) -> dict[tuple[str, str], tuple[tuple[int, int], ...]]:
     """(domain, op) -> the opset version ranges in which `provider` has a kernel of `dtype` for it,
-    from ONNX Runtime's registry (Pad has a bfloat16 kernel from opset 21 on, not at 19)."""
+    from ONNX Runtime's registry (Pad has a bfloat16 kernel from opset 21 on, not at 19). A build
+    without the registry (onnxruntime-training 1.19) is taken to have Cast alone: every other 16-bit
+    node is emulated, data movement exactly."""
     from onnxruntime.capi import _pybind_state
 
+    if not hasattr(_pybind_state, "get_all_opkernel_def"):
+        return {("", "Cast"): ((1, 2**31 - 1),)}
     wanted = f"tensor({ {BF16: 'bfloat16', FP16: 'float16'}[dtype]})"
     found: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for k in _pybind_state.get_all_opkernel_def():
