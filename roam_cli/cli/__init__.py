@@ -1,0 +1,149 @@
+"""The `roam` command line: parses, calls, prints. Exit codes: 0 ok, 1 check failed, 2 bad input.
+
+The group, the options and helpers every command shares, and `main`; the commands are in the
+modules beside this one, by what they work on: `planning` (optimize, max-batch, tradeoff), `plans`
+(verify, report, plot, export), `running` (execute, train), `graphs` (make-training-graph, lower,
+emulate) and `solving` (remat, layout-csv)."""
+
+import os
+import sys
+
+import click
+from rich.console import Console
+from roam_cli import __version__
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
+from roam_cli.core.units import parse_bytes
+from roam_cli.outputs import report as report_mod
+
+out = Console()
+err = Console(stderr=True)
+
+
+def parse_pairs(values: tuple[str, ...], what: str, as_int: bool) -> dict:
+    pairs = {}
+    for v in values:
+        key, sep, value = v.partition("=")
+        if not sep or not key or not value:
+            raise RoamError(f"{what} expects NAME=VALUE, got {v!r}")
+        if as_int:
+            try:
+                value = int(value)
+                assert value >= 0
+            except (ValueError, AssertionError):
+                raise RoamError(f"{what} {key}: {v.partition('=')[2]!r} is not a non-negative integer") from None
+        pairs[key] = value
+    return pairs
+
+
+class Progress:
+    """A spinner on stderr while a long step runs (silent with -q or when not a terminal)."""
+
+    def __init__(self, quiet: bool):
+        self.status = None if quiet or not err.is_terminal else err.status("starting")
+
+    def __enter__(self):
+        if self.status:
+            self.status.start()
+        return self
+
+    def __call__(self, message: str):
+        if self.status:
+            self.status.update(message)
+
+    def __exit__(self, *exc):
+        if self.status:
+            self.status.stop()
+
+
+class ByteSize(click.ParamType):
+    """A byte quantity as people write it: 16GiB, 512MB, 4096; at least one byte (a budget of
+    nothing is a typo, not a question)."""
+
+    name = "BYTES"
+
+    def convert(self, value, param, ctx):
+        try:
+            size = value if isinstance(value, int) else parse_bytes(value)
+        except ValueError as e:
+            self.fail(str(e), param, ctx)
+        if size < 1:
+            self.fail(f"must be at least 1 byte, got {value!r}", param, ctx)
+        return size
+
+
+JOBS = click.IntRange(min=1)  # --jobs: parallel solver processes
+SECONDS = click.FloatRange(min=0, min_open=True)  # --time-limit
+GAP = click.FloatRange(min=0, max=1)  # --gap: a fraction
+
+
+BUDGET_HELP = "Memory the device has for this step, e.g. 16GiB: says whether the plan fits (exit 1 if not)."
+
+
+def fail_over_budget(verdict: dict | None) -> None:
+    """A plan over its budget fails the check: the message on stderr, exit 1."""
+    if verdict is not None and not verdict["fits"]:
+        raise CheckFailed(report_mod.budget_line(verdict))
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, "--version", prog_name="roam")
+@click.option("-q", "--quiet", is_flag=True, help="Print only results and errors.")
+@click.option("-v", "--verbose", is_flag=True, help="Print notes about the model and each phase.")
+@click.pass_context
+def cli(ctx, quiet, verbose):
+    """roam: fit DNN training into less accelerator memory.
+
+    Reads an ONNX training graph, chooses the operator order and every tensor's
+    address in one static arena, and writes a plan a runtime can follow.
+
+    \b
+    Exit codes: 0 ok, 1 a check failed, 2 bad input or usage.
+    """
+    ctx.obj = {"quiet": quiet, "verbose": verbose}
+
+
+
+
+def split_names(values: tuple[str, ...]) -> list[str]:
+    return [name for v in values for name in v.split(",") if name]
+
+
+def main() -> None:
+    try:
+        code = cli.main(standalone_mode=False)
+    except click.exceptions.Exit as e:
+        code = e.exit_code
+    except click.exceptions.Abort:
+        err.print("roam: interrupted", highlight=False)
+        code = 130
+    except KeyboardInterrupt:
+        print("roam: interrupted", file=sys.stderr)
+        code = 130
+    except click.UsageError as e:
+        print(f"roam: error: {e.format_message().splitlines()[0]}", file=sys.stderr)
+        code = 2
+    except click.ClickException as e:
+        print(f"roam: error: {e.format_message().splitlines()[0]}", file=sys.stderr)
+        code = 2
+    except RoamError as e:
+        print(f"roam: error: {str(e).splitlines()[0] if str(e) else 'bad input'}", file=sys.stderr)
+        code = 2
+    except CheckFailed as e:
+        print(f"roam: {e}", file=sys.stderr)
+        code = 1
+    except RoamBug as e:
+        print(f"roam: internal error: {str(e).splitlines()[0]}", file=sys.stderr)
+        code = 3
+    except MemoryError:
+        print("roam: error: out of memory", file=sys.stderr)
+        code = 2
+    except Exception as e:  # a bug: one line, and the traceback only on request
+        if os.environ.get("ROAM_DEBUG"):
+            raise
+        print(f"roam: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+              "(set ROAM_DEBUG=1 for a traceback)", file=sys.stderr)
+        code = 3
+    sys.exit(code if isinstance(code, int) else 0)
+
+
+from roam_cli.cli import graphs, planning, plans, running, solving  # noqa: E402,F401  (each registers its commands)

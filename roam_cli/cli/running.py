@@ -1,0 +1,125 @@
+"""`roam execute` and `train`: a plan run on ONNX Runtime."""
+
+import json
+from pathlib import Path
+
+import click
+
+from roam_cli.cli import Progress, cli, out
+from roam_cli.core import plan as plan_io
+from roam_cli.core.errors import CheckFailed
+from roam_cli.core.fileio import check_output_path
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path), help="Plan JSON made for MODEL.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path),
+              help="Feeds: an .npz with one array per graph input; inputs it lacks are synthesised.")
+@click.option("--seed", default=0, show_default=True, type=int,
+              help="Seed of the synthetic inputs and of random ops (Dropout) that have none.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
+    """Run MODEL on ONNX Runtime as the plan says, and check that the plan can be followed.
+    MODEL is either file of the plan's pair: the model optimize read or the annotated model it wrote.
+
+    One training step of the annotated model with execution_order PRIORITY_BASED (the order
+    ORT ran the nodes in, from its profiler, against the plan's), and the arena replay: every
+    node in plan order in one buffer of arena_bytes, each tensor bound at its planned offset.
+    Both are compared with a plain ORT run of MODEL. Also reports ORT's own arena bytes for
+    the original and the planned order. Exit 1 when under 99.9% of node pairs ran in plan
+    order or a result differs by more than 1e-5 relative.
+
+    \b
+    Examples:
+      roam execute training_model.onnx --plan plan.json
+      roam execute training_model.onnx --plan plan.json --provider cuda --inputs batch.npz --json
+    """
+    from roam_cli.runtime.execute import execute_plan, render
+
+    plan = plan_io.read(plan_path)
+    with Progress(obj["quiet"]) as progress:
+        result = execute_plan(model, plan, provider, inputs_path, seed, progress)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif not obj["quiet"]:
+        render(result, out)
+    if result["failures"]:
+        more = f" (and {len(result['failures']) - 1} more)" if len(result["failures"]) > 1 else ""
+        raise CheckFailed(result["failures"][0] + more)
+
+
+@cli.command()
+@click.argument("model", type=click.Path(path_type=Path))
+@click.option("--plan", "plan_path", required=True, type=click.Path(path_type=Path), help="Plan JSON made for MODEL.")
+@click.option("--steps", default=20, show_default=True, type=int, help="Training steps to run.")
+@click.option("--inputs", "inputs_path", type=click.Path(path_type=Path),
+              help="An .npz by input name: starting state, and data (one batch, or [steps, ...] cycled); "
+                   "what it lacks is synthesised, optimizer state starts at zero.")
+@click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
+              help="ONNX Runtime execution provider.")
+@click.option("--allocator", type=click.Choice(["roam", "ort", "ort-same-as-requested"]), default="roam",
+              show_default=True, help="roam: ORT's requests served from the plan's arena; ort: ORT's own arena.")
+@click.option("--learning-rate", default=1e-3, show_default=True, type=float,
+              help="The learning_rate input, when --inputs does not give it.")
+@click.option("--seed", default=0, show_default=True, type=int, help="Seed of synthetic inputs and of random ops.")
+@click.option("--compare", is_flag=True,
+              help="Run the same steps on a plain ORT session too and check outputs and final state (1e-5).")
+@click.option("--allow-unplanned", is_flag=True,
+              help="Serve requests the plan does not cover from the system and count them, instead of stopping.")
+@click.option("--save-weights", "save_weights", type=click.Path(path_type=Path),
+              help="Write the trained parameters under their PyTorch names (.safetensors or .npz): "
+                   "model.load_state_dict(weights, strict=False) loads them.")
+@click.option("--save-model", "save_model", type=click.Path(path_type=Path),
+              help="Write the inference export the step was made from, with the trained weights.")
+@click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
+@click.pass_obj
+def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
+          allow_unplanned, save_weights, save_model, as_json):
+    """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
+    the plan's pair: the whole-step model optimize read (roam make-training-graph
+    --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
+
+    The pair is verified first: a plan that does not hold stops before step 1 (exit 1). Then
+    the plan's order (PRIORITY_BASED), the state updated in place (each `<state>.out` output
+    written into its input's buffer), and with --allocator roam ORT's own session allocating
+    from the plan's arena: each request of step 1 is matched to the planned tensor it is, and
+    every later step serves it at that tensor's plan offset. A request that leaves the plan
+    stops the run (exit 1) unless --allow-unplanned, which serves it from the system and
+    counts it. Prints the loss per step, the bytes ORT held and the plan's. Exit 1 with
+    --compare when the planned run differs from the plain one by more than 1e-5 relative.
+
+    A step roam made from an inference export starts from that export's weights (where it can be
+    read; else they are synthesised, and a warning says so), and gives them
+    back: --save-weights for PyTorch, --save-model as the export with the trained weights.
+
+    \b
+    Examples:
+      roam train step.onnx --plan plan.json --steps 20
+      roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
+      roam train step.onnx --plan plan.json --allow-unplanned
+      roam train step.onnx --plan plan.json --steps 100 --save-weights trained.safetensors --save-model trained.onnx
+    """
+    from roam_cli.runtime.train import RTOL, render_step, render_summary
+    from roam_cli.runtime.train import train as run_training
+
+    outputs = [p for p in (save_weights, save_model) if p is not None]
+    for i, path in enumerate(outputs):
+        check_output_path(path, [model, plan_path, *outputs[:i]])
+    plan = plan_io.read(plan_path)
+    show = not (as_json or obj["quiet"])
+    result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
+                          learning_rate=learning_rate, allocator=allocator, compare=compare,
+                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
+                          save_weights=save_weights, save_model=save_model)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif not obj["quiet"]:
+        render_summary(result, out)
+    differs = compare and max(result["compare"]["outputs_max_rel"], result["compare"]["state_max_rel"]) > RTOL
+    if differs:
+        raise CheckFailed(f"the planned run differs from the plain ORT run by more than {RTOL:g} relative "
+                          f"(outputs {result['compare']['outputs_max_rel']:.3g}, state {result['compare']['state_max_rel']:.3g})")
