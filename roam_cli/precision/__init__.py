@@ -12,6 +12,7 @@ only, before the backward is built, so that the backward differentiates what the
   CPU provider): each such node computes in float32 between Casts to and from bfloat16.
 fp16's loss scaling lives with the optimizer's update (`frontend.optimizer_graph.GradScaler`)."""
 
+import onnx
 from onnx import TensorProto
 
 from roam_cli.core.errors import RoamError
@@ -37,3 +38,18 @@ def unique(name: str, taken: set[str]) -> str:
         candidate = f"{name}_{k}"
     taken.add(candidate)
     return candidate
+
+
+def declared_types(model: onnx.ModelProto) -> set[int]:
+    """Every element type the model names: its initializers', graph inputs', outputs' and
+    value_info's, its tensor attributes' and the `to` and `dtype` of its nodes (no inference)."""
+    g = model.graph
+    found = {t.data_type for t in g.initializer}
+    found |= {vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
+    for n in g.node:
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.TENSOR:
+                found.add(a.t.data_type)
+            elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT:
+                found.add(a.i)
+    return found

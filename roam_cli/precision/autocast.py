@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
+from roam_cli.core.graph import type_name
 from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
@@ -99,7 +100,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
 def low_since(op_type: str, param: str, low: int, opset: int) -> int | None:
     """The first opset from `opset` on whose schema of `op_type` lets type parameter `param` be
     `low`; None when none does."""
-    wanted = f"tensor({ {TensorProto.BFLOAT16: 'bfloat16', TensorProto.FLOAT16: 'float16'}[low]})"
+    wanted = f"tensor({type_name(low)})"
     for version in range(opset, onnx.defs.onnx_opset_version() + 1):
         try:
             schema = onnx.defs.get_schema(op_type, version)

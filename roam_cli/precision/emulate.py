@@ -22,21 +22,12 @@ import functools
 import onnx
 from onnx import TensorProto, helper
 
-from roam_cli.precision import LOW_TYPES, unique
+from roam_cli.core.graph import type_name
+from roam_cli.precision import LOW_TYPES, declared_types, unique
 
 BF16, FP16 = TensorProto.BFLOAT16, TensorProto.FLOAT16
 # metadata_props key of an emulated graph: the number of nodes emulated
 EMULATED_KEY = "roam.emulated"
-
-
-def holds(model: onnx.ModelProto, dtype: int) -> bool:
-    """Whether any declared tensor or cast of the model is of `dtype` (cheap: no inference)."""
-    g = model.graph
-    if any(t.data_type == dtype for t in g.initializer):
-        return True
-    if any(vi.type.tensor_type.elem_type == dtype for vi in (*g.input, *g.output, *g.value_info)):
-        return True
-    return any(a.name == "to" and a.i == dtype for n in g.node for a in n.attribute)
 
 
 def element_types(model: onnx.ModelProto) -> dict[str, int]:
@@ -59,7 +50,7 @@ def kernels(provider: str, dtype: int) -> dict[tuple[str, str], tuple[tuple[int,
 
     if not hasattr(_pybind_state, "get_all_opkernel_def"):
         return {("", "Cast"): ((1, 2**31 - 1),)}
-    wanted = f"tensor({ {BF16: 'bfloat16', FP16: 'float16'}[dtype]})"
+    wanted = f"tensor({type_name(dtype)})"
     found: dict[tuple[str, str], list[tuple[int, int]]] = {}
     for k in _pybind_state.get_all_opkernel_def():
         if k.provider == provider and any(wanted in types for types in k.type_constraints.values()):
@@ -80,7 +71,7 @@ def since_version(n: onnx.NodeProto, opsets: dict[str, int]) -> int:
 def lacking(model: onnx.ModelProto, provider: str = "CPUExecutionProvider", dtypes: tuple[int, ...] = (BF16,),
             types: dict[str, int] | None = None) -> list[onnx.NodeProto]:
     """The nodes that read or write one of `dtypes` and have no kernel of it on `provider`."""
-    held = [t for t in dtypes if holds(model, t)]
+    held = sorted(set(dtypes) & declared_types(model))
     if not held:
         return []
     types = types if types is not None else element_types(model)
@@ -109,7 +100,7 @@ def emulate(model: onnx.ModelProto, provider: str = "CPUExecutionProvider") -> i
     """Rewrite `model` in place so that `provider` computes its 16-bit nodes as a GPU does (see the
     module's docstring); returns the number of nodes emulated."""
     g = model.graph
-    held = [t for t in LOW_TYPES if holds(model, t)]
+    held = sorted(set(LOW_TYPES) & declared_types(model))
     if not held:
         return 0
     types = element_types(model)

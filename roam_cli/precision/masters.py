@@ -16,7 +16,7 @@ import onnx
 from onnx import TensorProto, numpy_helper
 
 from roam_cli.core.errors import RoamError
-from roam_cli.precision import LOW_TYPES
+from roam_cli.precision import LOW_TYPES, declared_types
 
 FLOAT = TensorProto.FLOAT
 
@@ -24,16 +24,7 @@ FLOAT = TensorProto.FLOAT
 def low_type_of(model: onnx.ModelProto) -> int | None:
     """The low-precision float type the export holds or casts to (bf16 or fp16), None for a float32
     export; an export mixing both is refused."""
-    g = model.graph
-    found = {t.data_type for t in g.initializer}
-    found |= {vi.type.tensor_type.elem_type for vi in (*g.input, *g.output, *g.value_info)}
-    for n in g.node:
-        for a in n.attribute:
-            if a.type == onnx.AttributeProto.TENSOR:
-                found.add(a.t.data_type)
-            elif a.name in ("to", "dtype") and a.type == onnx.AttributeProto.INT:
-                found.add(a.i)
-    low = found & set(LOW_TYPES)
+    low = declared_types(model) & set(LOW_TYPES)
     if len(low) > 1:
         raise RoamError("the export computes in both bfloat16 and float16; export it in one precision")
     return next(iter(low), None)
