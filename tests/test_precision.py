@@ -36,18 +36,19 @@ def casts(m: onnx.ModelProto) -> dict[str, tuple[str, int]]:
 # --- the policy ------------------------------------------------------------------------------
 
 def policy_graph() -> tuple[onnx.ModelProto, dict]:
-    """x @ W read by two products; the product's bias a parameter; a constant scalar and mask fill;
-    a softmax and a layer norm; every tensor float32, shapes [2, 4] ([4, 4] for W, [4] for b)."""
-    nodes = [node("MatMul", ["x", "W"], ["h"]), node("Add", ["h", "b"], ["hb"]), node("Mul", ["h", "half"], ["m"]),
-             node("Relu", ["m"], ["r"]), node("MatMul", ["r", "W"], ["h2"]), node("Softmax", ["h2"], ["p"]),
-             node("Where", ["keep", "r", "fill"], ["w"]),
-             node("LayerNormalization", ["hb", "ln.w", "ln.b"], ["y"], axis=-1)]
+    """x @ W read by two products; the product's bias a parameter; a residual sum with the batch; a
+    constant scalar and mask fill; a softmax and a layer norm; every tensor float32, shapes [2, 4]
+    ([4, 4] for W, [4] for b)."""
+    nodes = [node("MatMul", ["x", "W"], ["h"]), node("Add", ["h", "b"], ["hb"]), node("Add", ["hb", "x"], ["hs"]),
+             node("Mul", ["h", "half"], ["m"]), node("Relu", ["m"], ["r"]), node("MatMul", ["r", "W"], ["h2"]),
+             node("Softmax", ["h2"], ["p"]), node("Where", ["keep", "r", "fill"], ["w"]),
+             node("LayerNormalization", ["hs", "ln.w", "ln.b"], ["y"], axis=-1)]
     shapes = {"x": [2, 4], "W": [4, 4], "b": [4], "ln.w": [4], "ln.b": [4], "keep": [2, 4]}
     m = model(nodes, [("x", shapes["x"]), ("W", shapes["W"]), ("b", [4]), ("ln.w", [4]), ("ln.b", [4]),
                       ("keep", [2, 4], TensorProto.BOOL)],
               [("y", [2, 4]), ("p", [2, 4]), ("w", [2, 4])],
               {"half": np.array(0.5, np.float32), "fill": np.array(np.finfo(np.float32).min, np.float32)})
-    types = {name: (F, (2, 4)) for name in ("h", "hb", "m", "r", "h2", "p", "w", "y")}
+    types = {name: (F, (2, 4)) for name in ("h", "hb", "hs", "m", "r", "h2", "p", "w", "y")}
     types |= {name: (F, tuple(s)) for name, s in shapes.items()} | {"keep": (TensorProto.BOOL, (2, 4))}
     types |= {"half": (F, ()), "fill": (F, ())}
     return m, types
@@ -55,17 +56,18 @@ def policy_graph() -> tuple[onnx.ModelProto, dict]:
 
 @pytest.mark.parametrize("low", [BF16, FP16])
 def test_the_policy_on_a_small_graph(low):
-    """The products compute in the low type, W cast once for both; the Add of the low product and a
-    float32 parameter promotes to float32, as torch does (bf16 + fp32 tensor -> fp32); a constant
-    takes the other operand's type (a 0-dim tensor in torch); softmax and layer norm compute in
-    float32; Relu follows its input."""
+    """The products compute in the low type, W cast once for both; the product's bias is added in the
+    low type (torch's F.linear casts it with the weight); the residual Add of that and the float32
+    batch promotes to float32, as torch does (bf16 + fp32 tensor -> fp32); a constant takes the
+    other operand's type (a 0-dim tensor in torch); softmax and layer norm compute in float32; Relu
+    follows its input."""
     m, types = policy_graph()
     autocast(m, low, types)
     got = types_of(onnx.shape_inference.infer_shapes(m, strict_mode=True))  # and every op's types agree
     made = casts(m)
-    assert sorted(made.values()) == sorted([("x", low), ("W", low), ("h", F), ("h2", F)])
-    assert {got[x] for x in ("h", "m", "r", "h2", "w")} == {low}
-    assert {got[x] for x in ("hb", "p", "y")} == {F}
+    assert sorted(made.values()) == sorted([("x", low), ("W", low), ("b", low), ("hb", F), ("h2", F)])
+    assert {got[x] for x in ("h", "hb", "m", "r", "h2", "w")} == {low}
+    assert {got[x] for x in ("hs", "p", "y")} == {F}
     inits = {t.name: t for t in m.graph.initializer}
     mul = next(n for n in m.graph.node if n.op_type == "Mul")
     assert inits[mul.input[1]].data_type == low and float(numpy_helper.to_array(inits[mul.input[1]])) == 0.5

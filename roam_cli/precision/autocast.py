@@ -2,7 +2,8 @@
 
 The nodes are taken in order. Each op's operands that must share a type get the type the policy
 gives them, through a Cast where they have another; each result then has the type its schema
-binds it to. A tensor is cast to a type once, however many nodes read the copy: a weight's
+binds it to. A Linear's bias, which exporters write as an Add after its MatMul, is added in the
+low type as torch's `F.linear` adds it. A tensor is cast to a type once, however many nodes read the copy: a weight's
 low-precision copy is one Cast from its float32 master, read by the forward and, through the
 backward built afterwards, by the backward too (the recompute stage may cast it again instead of
 keeping it)."""
@@ -56,10 +57,14 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             casts[key] = name
         return casts[key]
 
+    products: set[str] = set()  # the results of the low-precision ops
+    sources = {i.name for i in g.input} | constant  # what no node makes: parameters, data, constants
     for n in list(g.node):
         schema = find_schema(n, opset)
         groups = operand_groups(n, schema)
         kind = rule(n.op_type) if schema is not None else FLOAT32  # an op without a schema: float32
+        if linear_bias(n, products, sources, types):
+            kind = LOW
         targets: dict[str, int] = {}
         for param, members in groups.items():
             floats = [x for x in members if now.get(x) in FLOATS]
@@ -86,6 +91,8 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
                 now[out] = targets.get(param, now.get(out)) if now.get(out) in FLOATS else now.get(out)
         if n.input and all(x in constant for x in n.input if x):
             constant.update(o for o in n.output if o)
+        if kind == LOW:
+            products.update(o for o in n.output if o)
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
@@ -94,6 +101,18 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     for vi in (*g.value_info, *g.output):
         if vi.name in now and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.elem_type = now[vi.name]
+
+
+def linear_bias(n: onnx.NodeProto, products: set[str], sources: set[str], types: dict) -> bool:
+    """An Add of a low-precision product and a vector no node makes: a Linear's bias, which exporters
+    write apart from its MatMul and torch's autocast adds in the low type with the product (one
+    `F.linear`, its bias cast down like its weight)."""
+    if n.op_type != "Add" or n.domain not in STANDARD or len(n.input) != 2:
+        return False
+    for product, bias in (n.input, n.input[::-1]):
+        if product in products and bias in sources and len(types.get(bias, (None, ()))[1]) == 1:
+            return True
+    return False
 
 
 @functools.cache

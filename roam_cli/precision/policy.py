@@ -20,7 +20,10 @@ Where roam differs from torch, and why:
   (`backward.rewrite.fuse_gelu`), which computes in its input's type as `F.gelu` does; torch's
   autocast runs the written-out form's `pow` in float32.
 - `ReduceMean` computes in its input's type (torch's `mean` is on neither list); `ReduceSum`,
-  torch's `sum`, in float32."""
+  torch's `sum`, in float32.
+- A Linear's bias, an `Add` exporters write apart from the MatMul, is added in the low type, as
+  `F.linear` adds it (`autocast.linear_bias`): by promotion alone it would be float32, and its
+  result twice the bytes."""
 
 from onnx import TensorProto
 
