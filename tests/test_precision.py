@@ -77,6 +77,23 @@ def test_the_policy_on_a_small_graph(low):
     assert fill == {BF16: -3.3895313892515355e38, FP16: -65504.0}[low]
 
 
+def test_a_weight_transposed_for_its_product_is_cast_before_the_transpose():
+    """x @ W^T as exporters write nn.Linear: Transpose(W) read by the MatMul alone. Its low copy is
+    W's cast, transposed in the low type (a weight copy of W's, half the bytes of a float32
+    transpose); a transpose read by something else too stays float32 and is cast after."""
+    m = model([node("Transpose", ["W"], ["Wt"], perm=[1, 0]), node("MatMul", ["x", "Wt"], ["y"]),
+               node("Transpose", ["V"], ["Vt"], perm=[1, 0]), node("MatMul", ["x", "Vt"], ["z"]),
+               node("Add", ["Vt", "Vt"], ["u"])],
+              [("x", [2, 4]), ("W", [3, 4]), ("V", [4, 4])], [("y", [2, 3]), ("z", [2, 4]), ("u", [4, 4])])
+    types = {"x": (F, (2, 4)), "W": (F, (3, 4)), "Wt": (F, (4, 3)), "y": (F, (2, 3)), "V": (F, (4, 4)),
+             "Vt": (F, (4, 4)), "z": (F, (2, 4)), "u": (F, (4, 4))}
+    autocast(m, BF16, types)
+    got = types_of(onnx.shape_inference.infer_shapes(m, strict_mode=True))
+    assert sorted(casts(m).values()) == [("Vt", BF16), ("W", BF16), ("x", BF16)]
+    assert (got["Wt"], got["Vt"], got["u"]) == (BF16, F, F)
+    assert [n.op_type for n in m.graph.node][:3] == ["Cast", "Transpose", "Cast"]  # W's cast, its move, x's cast
+
+
 # --- fp16's loss scaling ---------------------------------------------------------------------------
 
 def linear_export(folder) -> str:

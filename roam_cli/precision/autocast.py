@@ -3,7 +3,10 @@
 The nodes are taken in order. Each op's operands that must share a type get the type the policy
 gives them, through a Cast where they have another; each result then has the type its schema
 binds it to. A Linear's bias, which exporters write as an Add after its MatMul, is added in the
-low type as torch's `F.linear` adds it. A tensor is cast to a type once, however many nodes read the copy: a weight's
+low type as torch's `F.linear` adds it. A value a low-precision op reads through a move
+(Transpose, Reshape) read by nothing else is cast before the move: a Linear's weight, which
+exporters transpose before the MatMul, is cast and then transposed in the low type, as torch
+casts the weight and the product reads it transposed. A tensor is cast to a type once, however many nodes read the copy: a weight's
 low-precision copy is one Cast from its float32 master, read by the forward and, through the
 backward built afterwards, by the backward too (the recompute stage may cast it again instead of
 keeping it)."""
@@ -11,6 +14,7 @@ keeping it)."""
 from __future__ import annotations
 
 import functools
+from collections import Counter
 
 import ml_dtypes
 import numpy as np
@@ -23,6 +27,9 @@ from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
 STANDARD = ("", "ai.onnx")
+# Ops that only move their input's elements: a low-precision copy of their result is their result of a
+# low-precision copy of their input (cast before the move, it moves half the bytes).
+MOVES = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 
 def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> None:
@@ -40,9 +47,17 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     taken = {x for n in g.node for x in (*n.input, *n.output, n.name)} | set(now)
     casts: dict[tuple[str, int], str] = {}  # (tensor, type) -> its copy of that type
     nodes: list[onnx.NodeProto] = []
+    made: dict[str, onnx.NodeProto] = {}  # tensor -> the node (in `nodes`) that makes it
+    readers = Counter(x for n in g.node for x in n.input)
 
-    def cast(x: str, to: int) -> str:
+    def cast(x: str, to: int, before: onnx.NodeProto | None = None) -> str:
         if now.get(x) == to:
+            return x
+        mover = made.get(x)
+        if to == low and mover is not None and mover.op_type in MOVES and readers[x] == 1:
+            # cast what the move reads, and move the low copy: a transposed weight's copy is half the bytes
+            mover.input[0] = cast(mover.input[0], to, before=mover)
+            now[x] = to
             return x
         key = (x, to)
         if key not in casts:
@@ -50,7 +65,8 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             if x in embedded:  # a constant is cast once, here
                 g.initializer.append(cast_value(embedded[x], to, name))
             else:
-                nodes.append(helper.make_node("Cast", [x], [name], name=name, to=to))
+                node = helper.make_node("Cast", [x], [name], name=name, to=to)
+                nodes.insert(nodes.index(before) if before is not None else len(nodes), node)
             now[name] = to
             if x in constant:
                 constant.add(name)
@@ -93,6 +109,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             constant.update(o for o in n.output if o)
         if kind == LOW:
             products.update(o for o in n.output if o)
+        made.update((o, n) for o in n.output if o)
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
