@@ -44,7 +44,6 @@ import argparse
 import copy
 import json
 import logging
-import re
 import subprocess
 import sys
 import tempfile
@@ -112,7 +111,6 @@ def gradients(name: str, kind: str, folder: Path) -> dict:
     """Part 1 of an AMP cell: roam's gradients against autocast's and float64's."""
     model, feeds, labels = model_and_batch(name)
     weights = {n: t.detach().numpy().copy() for n, t in model.named_parameters(remove_duplicate=False)}
-    export(model, feeds, "dynamo-optimize-false", folder / "model.onnx")
     made = training_graph.make(folder / "model.onnx", folder / "train.onnx", loss="cross-entropy",
                                backward=scaled_backward, precision=kind, optimizer_path=folder / "unused.onnx",
                                scaler_settings={"enabled": "false"} if kind == "fp16" else None)
@@ -143,7 +141,7 @@ def rel(a: np.ndarray, b: np.ndarray) -> float:
     return float(np.linalg.norm(a.astype(np.float64) - b) / max(np.linalg.norm(b), 1e-30))
 
 
-def step_pipeline(folder: Path, precision: str | None) -> dict:
+def step_pipeline(folder: Path, precision: str | None, model_name: str) -> dict:
     """Part 2: the full step made (following the export without `precision`), planned, verified and
     trained 3 steps against a plain run on the CPU provider, as the issue asks: bf16 emulated (the
     provider has no bf16 arithmetic), fp16 as the provider runs it (the casts it inserts: planned
@@ -178,23 +176,30 @@ def step_pipeline(folder: Path, precision: str | None) -> dict:
           "at_offset": memory.get("served_at_plan_offset"), "planned": memory.get("planned_requests"),
           "compare": {k: trained["compare"][k] for k in ("outputs_max_rel", "state_max_rel")},
           "losses": [s["outputs"]["loss"] for s in trained["per_step"]],
-          "weights": written_weights(folder / "trained.safetensors")}
+          "weights": written_weights(folder / "trained.safetensors", model_name)}
     return r
 
 
-def written_weights(path: Path) -> dict:
-    """What --save-weights wrote: how many tensors, of which types, named like PyTorch parameters."""
+def written_weights(path: Path, model_name: str) -> dict:
+    """What --save-weights wrote: how many tensors, of which types, how many named as the PyTorch
+    model names a parameter or buffer (a tied one under any of its names; BatchNorm's running
+    statistics), each with its shape."""
     from safetensors.numpy import load_file
 
+    model, _, _ = model_and_batch(model_name)
+    shapes = {n: tuple(p.shape) for n, p in [*model.named_parameters(remove_duplicate=False),
+                                              *model.named_buffers(remove_duplicate=False)]}
     tensors = load_file(str(path))
     return {"tensors": len(tensors), "dtypes": sorted({str(v.dtype) for v in tensors.values()}),
-            "pytorch_named": sum(bool(re.fullmatch(r"[\w.]+\.(weight|bias)|[\w.]+", n)) for n in tensors)}
+            "pytorch_named": sum(shapes.get(n) == v.shape for n, v in tensors.items())}
 
 
-def low_export(name: str, kind: str, folder: Path) -> None:
-    """The export already in low precision."""
+def export_of(name: str, kind: str, folder: Path) -> None:
+    """<folder>/model.onnx: the float32 export (an AMP kind) or the one already in low precision."""
     model, feeds, _ = model_and_batch(name)
-    if kind in ("half", "to-bf16"):
+    if kind in AMP_KINDS:
+        export(model, feeds, "dynamo-optimize-false", folder / "model.onnx")
+    elif kind in ("half", "to-bf16"):
         dtype = torch.float16 if kind == "half" else torch.bfloat16
         model = model.to(dtype)
         feeds = {k: v.astype(np.float16) if v.dtype == np.float32 and kind == "half" else v for k, v in feeds.items()}
@@ -211,13 +216,15 @@ def low_export(name: str, kind: str, folder: Path) -> None:
 def cell(name: str, kind: str, folder: Path) -> dict:
     r = {"model": name, "kind": kind}
     try:
+        export_of(name, kind, folder)
+    except Exception as e:  # noqa: BLE001  (the exporter's failure: not counted against roam)
+        return r | {"export_error": f"{type(e).__name__}: {first_line(e)}"}
+    try:
         if kind in AMP_KINDS:
             r |= gradients(name, kind, folder)
-        else:
-            low_export(name, kind, folder)
-    except Exception as e:  # noqa: BLE001  (the cell's failure, exporter's or roam's, is its result)
+    except Exception as e:  # noqa: BLE001  (roam's failure is the cell's result)
         return r | {"error": f"{type(e).__name__}: {first_line(e)}"}
-    return r | {"step": step_pipeline(folder, kind if kind in AMP_KINDS else None)}
+    return r | {"step": step_pipeline(folder, kind if kind in AMP_KINDS else None, name)}
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -236,12 +243,37 @@ def step_cell(r: dict) -> str:
     if s is None:
         return "—"
     if "error" in s:
-        return f"fails: {s['error'][:150]}"
+        refused = s["error"].partition("roam: error: ")[2]
+        return f"refused in one line: {refused[:150]}" if refused else f"fails: {s['error'][:150]}"
     c = s["compare"]
     equal = "bit-equal" if c["outputs_max_rel"] == 0 and c["state_max_rel"] == 0 else \
         f"differs {max(c.values()):.1e}"
     return (f"{s['precision']} ({s['runs']}), {s['at_offset']}/{s['planned']} at offset, {equal}, "
-            f"loss {s['losses'][0]:.4f} → {s['losses'][-1]:.4f}, weights {','.join(s['weights']['dtypes'])}")
+            f"loss {s['losses'][0]:.4f} → {s['losses'][-1]:.4f}, weights {','.join(s['weights']['dtypes'])} "
+            f"({s['weights']['pytorch_named']}/{s['weights']['tensors']} PyTorch's)")
+
+
+def print_table(rows: list[dict]) -> None:
+    """The markdown table of the cells, and the counts."""
+    print("| model | kind | gradients vs autocast: worst err (tolerance; roam vs float64) | step: made, emulated, "
+          "planned, verified, trained 3 steps | warnings |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        warned = "; ".join(w[:100] for w in r.get("step", {}).get("warnings", []))
+        failure = r.get("error") or r.get("crash")
+        step = (f"export fails: {r['export_error'][:100]}" if "export_error" in r
+                else f"**{failure[:150]}**" if failure else step_cell(r))
+        print(f"| {r['model']} | {r['kind']} | {worst(r)} | {step} | {warned or '—'} |")
+    graded = [r for r in rows if r["kind"] in AMP_KINDS and "errors" in r]
+    made = [r for r in rows if "export_error" not in r]
+    equal = [r for r in rows if "error" not in r.get("step", {"error": 1})
+             and r["step"]["compare"]["outputs_max_rel"] == 0 == r["step"]["compare"]["state_max_rel"]]
+    print(f"\ngradients within tolerance on every compared tensor: "
+          f"{sum(not r['over'] for r in graded)}/{len(graded)} cells "
+          f"({len({r['model'] for r in graded if not r['over']})} architectures)")
+    refused = [r for r in made if "error" in r.get("step", {}) and "roam: error:" in r["step"]["error"]]
+    print(f"steps made, planned, verified and trained bit-equal to a plain run: {len(equal)}/{len(made)} exports "
+          f"made ({len(rows) - len(made)} the exporter failed on); refused in one line: {len(refused)}")
 
 
 def main(argv=None) -> int:
@@ -252,8 +284,12 @@ def main(argv=None) -> int:
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", type=Path)
     p.add_argument("--out", type=Path, help="keep the cells' files here (default: a temporary folder)")
+    p.add_argument("--table", type=Path, help="print the table of a run's --json, running nothing")
     p.add_argument("--cell", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    if a.table:
+        print_table(json.loads(a.table.read_text()))
+        return 0
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
     if a.cell:
@@ -271,25 +307,12 @@ def main(argv=None) -> int:
         for f in futures:
             rows.append(f.result())
             r = rows[-1]
-            print(f"{r['model']} / {r['kind']}: {r.get('error') or r.get('crash') or step_cell(r)[:100]}",
+            failure = r.get("export_error") or r.get("error") or r.get("crash")
+            print(f"{r['model']} / {r['kind']}: {failure or step_cell(r)[:100]}",
                   file=sys.stderr, flush=True)
     if a.json:
         a.json.write_text(json.dumps(rows, indent=1))
-    print("| model | kind | gradients vs autocast: worst err (tolerance; roam vs float64) | step: made, emulated, "
-          "planned, verified, trained 3 steps | warnings |")
-    print("|---|---|---|---|---|")
-    for r in rows:
-        warned = "; ".join(w[:100] for w in r.get("step", {}).get("warnings", []))
-        failure = r.get("error") or r.get("crash")
-        step = f"**{failure[:150]}**" if failure else step_cell(r)
-        print(f"| {r['model']} | {r['kind']} | {worst(r)} | {step} | {warned or '—'} |")
-    graded = [r for r in rows if r["kind"] in AMP_KINDS and "errors" in r]
-    equal = [r for r in rows if "error" not in r.get("step", {"error": 1})
-             and r["step"]["compare"]["outputs_max_rel"] == 0 == r["step"]["compare"]["state_max_rel"]]
-    print(f"\ngradients within tolerance on every compared tensor: "
-          f"{sum(not r['over'] for r in graded)}/{len(graded)} cells "
-          f"({len({r['model'] for r in graded if not r['over']})} architectures)")
-    print(f"steps made, planned, verified and trained bit-equal to a plain run: {len(equal)}/{len(rows)} cells")
+    print_table(rows)
     return 0
 
 
