@@ -522,10 +522,7 @@ def typed_settings(default, settings: dict[str, str], option: str, what: str):
             typed[key] = parse_bool(value) if kind is bool else kind(value)
         except ValueError:
             raise RoamError(f"{option} {key}: {value!r} is not a {kind.__name__}") from None
-    try:
-        return dataclasses.replace(default, **typed)
-    except TypeError as e:
-        raise RoamError(f"{option}: {e}") from None
+    return dataclasses.replace(default, **typed)
 
 
 def parse_bool(value: str) -> bool:
