@@ -35,6 +35,8 @@ and a kind:
   `torch.autocast("cpu", P)` with dynamo's default optimisation, which folds the weights' casts):
   step 2 without --precision (the step follows the export), the warnings roam printed, and
   whether the weights written back are float32 under PyTorch's names.
+- `torchscript-bf16`, `torchscript-fp16` (another exporter: `torch.onnx.export(dynamo=False,
+  opset_version=17)`, its default constant folding): step 2 with --precision.
 
 Each cell runs in a process of its own (`benchmarks/cells.py`), killed after `--timeout` seconds."""
 
@@ -71,6 +73,9 @@ from roam_cli.precision.emulate import emulate  # noqa: E402
 ROAM = Path(sys.executable).parent / "roam"
 AMP_KINDS = ("bf16", "fp16")
 EXPORT_KINDS = ("half", "to-bf16", "autocast-bf16", "autocast-fp16")
+# the float32 export TorchScript writes (its default constant folding), made into the AMP step: another
+# exporter's graph for the same steps
+TORCHSCRIPT_KINDS = ("torchscript-bf16", "torchscript-fp16")
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 FP16_SCALES = [2.0**k for k in range(10, -1, -1)]
 TOLERANCE_FACTOR = 4
@@ -199,6 +204,8 @@ def export_of(name: str, kind: str, folder: Path) -> None:
     model, feeds, _ = model_and_batch(name)
     if kind in AMP_KINDS:
         export(model, feeds, "dynamo-optimize-false", folder / "model.onnx")
+    elif kind in TORCHSCRIPT_KINDS:
+        export(model, feeds, "torchscript", folder / "model.onnx")
     elif kind in ("half", "to-bf16"):
         dtype = torch.float16 if kind == "half" else torch.bfloat16
         model = model.to(dtype)
@@ -224,7 +231,8 @@ def cell(name: str, kind: str, folder: Path) -> dict:
             r |= gradients(name, kind, folder)
     except Exception as e:  # noqa: BLE001  (roam's failure is the cell's result)
         return r | {"error": f"{type(e).__name__}: {first_line(e)}"}
-    return r | {"step": step_pipeline(folder, kind if kind in AMP_KINDS else None, name)}
+    precision = kind if kind in AMP_KINDS else kind.removeprefix("torchscript-") if kind in TORCHSCRIPT_KINDS else None
+    return r | {"step": step_pipeline(folder, precision, name)}
 
 
 # --- the table ------------------------------------------------------------------------------------
@@ -279,7 +287,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--only", help="comma-separated models (default: all)")
-    p.add_argument("--kinds", default=",".join(AMP_KINDS + EXPORT_KINDS))
+    p.add_argument("--kinds", default=",".join(AMP_KINDS + EXPORT_KINDS + TORCHSCRIPT_KINDS))
     p.add_argument("--jobs", type=int, default=2)
     p.add_argument("--timeout", type=int, default=600)
     p.add_argument("--json", type=Path)

@@ -94,6 +94,34 @@ def test_a_weight_transposed_for_its_product_is_cast_before_the_transpose():
     assert [n.op_type for n in m.graph.node][:3] == ["Cast", "Transpose", "Cast"]  # W's cast, its move, x's cast
 
 
+def test_a_weight_read_directly_and_through_a_move_is_cast_once_before_both():
+    """W transposed early (the move's one reader comes last) and read directly by a product in
+    between: the direct read makes W's cast after the transpose; the move's reader then needs it
+    before the transpose: the one Cast moves up, and the graph stays in order (TorchScript's ALBERT
+    reads a shared weight so)."""
+    m = model([node("Transpose", ["W"], ["Wt"], perm=[1, 0]), node("MatMul", ["x", "W"], ["a"]),
+               node("MatMul", ["a", "Wt"], ["b"])], [("x", [2, 4]), ("W", [4, 4])], [("b", [2, 4])])
+    types = {"x": (F, (2, 4)), "W": (F, (4, 4)), "Wt": (F, (4, 4)), "a": (F, (2, 4)), "b": (F, (2, 4))}
+    autocast(m, BF16, types)
+    onnx.checker.check_model(m, full_check=True)  # in order, and every op's types agree
+    assert sorted(casts(m).values()) == [("W", BF16), ("x", BF16)]
+    assert [n.op_type for n in m.graph.node] == ["Cast", "Transpose", "Cast", "MatMul", "MatMul"]
+
+
+def test_bf16_convolutions_raise_an_opset_17_model_through_onnxs_converter():
+    """ONNX defines Conv in bfloat16 from opset 22: a TorchScript export at 17 is converted (ReduceMean's
+    axes attribute becomes an input at 18) and raised, not relabelled."""
+    m = model([node("Conv", ["x", "w"], ["c"]), node("ReduceMean", ["c"], ["y"], axes=[2, 3], keepdims=0)],
+              [("x", [1, 2, 4, 4]), ("w", [3, 2, 1, 1])], [("y", [1, 3])])
+    m.opset_import[0].version = 17
+    types = {"x": (F, (1, 2, 4, 4)), "w": (F, (3, 2, 1, 1)), "c": (F, (1, 3, 4, 4)), "y": (F, (1, 3))}
+    autocast(m, BF16, types)
+    assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 22
+    onnx.checker.check_model(m, full_check=True)
+    mean = next(n for n in m.graph.node if n.op_type == "ReduceMean")
+    assert len(mean.input) == 2 and not any(a.name == "axes" for a in mean.attribute)
+
+
 # --- fp16's loss scaling ---------------------------------------------------------------------------
 
 def linear_export(folder) -> str:

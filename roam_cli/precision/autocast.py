@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import type_name
+from roam_cli.lower import at_opset_18
 from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
 
@@ -60,6 +61,8 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
             now[x] = to
             return x
         key = (x, to)
+        if key in casts and before is not None:
+            place_before(casts[key], before)
         if key not in casts:
             name = unique(f"{x}.{LOW_TYPES.get(to, 'fp32')}", taken)
             if x in embedded:  # a constant is cast once, here
@@ -75,6 +78,12 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
 
     products: set[str] = set()  # the results of the low-precision ops
     sources = {i.name for i in g.input} | constant  # what no node makes: parameters, data, constants
+    def place_before(copy: str, node: onnx.NodeProto) -> None:
+        """The Cast making `copy` (made for a later reader) moved before `node`, which reads it now."""
+        made_at = next((k for k, m in enumerate(nodes) if m.op_type == "Cast" and m.output[0] == copy), None)
+        if made_at is not None and made_at > nodes.index(node):
+            nodes.insert(nodes.index(node), nodes.pop(made_at))
+
     for n in list(g.node):
         schema = find_schema(n, opset)
         groups = operand_groups(n, schema)
@@ -113,11 +122,11 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
         nodes.append(n)
     del g.node[:]
     g.node.extend(nodes)
-    if needed > opset:
-        raise_opset(model, needed)
     for vi in (*g.value_info, *g.output):
         if vi.name in now and vi.type.HasField("tensor_type"):
             vi.type.tensor_type.elem_type = now[vi.name]
+    if needed > opset:  # after the declared types are the new ones: ONNX's converter keeps them
+        raise_opset(model, needed)
 
 
 def linear_bias(n: onnx.NodeProto, products: set[str], sources: set[str], types: dict) -> bool:
@@ -153,8 +162,10 @@ CHANGED_AFTER_18 = {"GroupNormalization": 21, "GridSample": 20, "DFT": 20}
 
 
 def raise_opset(model: onnx.ModelProto, version: int) -> None:
-    """The model's default opset raised to `version`: from 18 to 22 ONNX adds types to ops, and changes
+    """The model's default opset raised to `version`: a model below 18 converted to 18 first (ONNX's
+    converter: Reduce* axes become inputs, ...); from 18 to 22 ONNX adds types to ops, and changes
     only what CHANGED_AFTER_18 lists, which is refused."""
+    model.CopyFrom(at_opset_18(model))
     current = next(o.version for o in model.opset_import if o.domain in STANDARD)
     for n in model.graph.node:
         if n.domain in STANDARD and current < CHANGED_AFTER_18.get(n.op_type, 0) <= version:
