@@ -218,6 +218,11 @@ def export_of(name: str, kind: str, folder: Path) -> None:
     else:
         with torch.autocast("cpu", DTYPES[kind.removeprefix("autocast-")]):
             export(model, feeds, "dynamo", folder / "model.onnx")
+    forward = onnx.load(str(folder / "model.onnx"), load_external_data=False)
+    constants = {t.name for t in forward.graph.initializer}
+    extra = [i.name for i in forward.graph.input if i.name not in constants][len(feeds):]
+    if extra:  # a value the trace made an input (Falcon's TorchScript: logits_to_keep): no batch fills it
+        raise ValueError(f"the export takes inputs the model does not: {', '.join(extra)}")
 
 
 def cell(name: str, kind: str, folder: Path) -> dict:
