@@ -1,5 +1,6 @@
 """An install where the C extensions did not build (they are optional, setup.py): the planner
-still plans and verifies, with the layout and order searches' Python references, and the runtime allocator
+still plans and verifies, with the layout and order searches' and the minimum cut's Python
+references, and the runtime allocator
 says why it is missing. The extensions are made unimportable in a child process."""
 
 import subprocess
@@ -8,7 +9,7 @@ import sys
 from conftest import ROOT, SAMPLE
 
 WITHOUT = ("import sys; sys.modules['roam_cli.layout._search'] = None; sys.modules['roam_cli.runtime._planalloc'] = None; "
-           "sys.modules['roam_cli.order._ideals'] = None; "
+           "sys.modules['roam_cli.order._ideals'] = None; sys.modules['roam_cli.solvers._maxflow'] = None; "
            "sys.argv = ['roam'] + sys.argv[1:]; from roam_cli.__main__ import main; main()")
 
 

@@ -18,7 +18,7 @@
 import numpy as np
 
 from roam_cli.order.problem import Problem, profile, reachability
-from roam_cli.solvers.maxflow import INF, Network
+from roam_cli.solvers.maxflow import min_cut
 
 PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
 
@@ -108,12 +108,13 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
     after_v[members(desc[v], n)] = True
     after_v[v] = True
     is_free = ~before_v & ~after_v
-    free = np.flatnonzero(is_free).tolist()
-    index = {w: k for k, w in enumerate(free)}
+    free = np.flatnonzero(is_free)
+    index = np.full(n, -1, dtype=np.int64)
+    index[free] = np.arange(len(free))
     source, sink = len(free), len(free) + 1
     # each buffer's side, settled by v's ancestors and descendants or left to the cut, for all
     # buffers at once (a 70B-class step has 100,000 of them, and a training step's peak nodes
-    # need a dozen of these bounds)
+    # need a dozen of these bounds); the network is built as arrays too, and cut in C
     t = problem.tables
     settled_before = before_v.copy()
     settled_before[v] = True
@@ -130,34 +131,39 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
     free_reader = any_of(t.has_readers, t.reader_nodes, t.reader_starts, is_free)
     counted = (t.has_readers | t.to_end) & (allocated | free_allocator) & (read | free_reader)
     constant = int(t.sizes[counted & allocated & read].sum())
-    cut = []  # (allocating vertices, bytes, reading vertices) of the buffers the cut decides
-    for b in np.flatnonzero(counted & ~(allocated & read)).tolist():
-        buf = problem.buffers[b]
-        cut.append(([source] if allocated[b] else [index[a] for a in buf.alloc if a in index], buf.bytes,
-                    [sink] if read[b] else [index[r] for r in buf.readers if r in index]))
-    # a buffer is an edge from its allocator to its reader; a vertex joins several of either
-    joins = sum((len(allocators) > 1) + (len(readers) > 1) for allocators, _, readers in cut)
-    net = Network(len(free) + 2 + joins)
-    for w in free:
-        for u in problem.preds[w]:
-            if u in index:
-                net.add(index[w], index[u], INF)
-    vertex = len(free) + 2
-    for allocators, size, readers in cut:
-        y = allocators[0]
-        if len(allocators) > 1:
-            y, vertex = vertex, vertex + 1
-            for a in allocators:
-                net.add(a, y, INF)
-        z = readers[0]
-        if len(readers) > 1:
-            z, vertex = vertex, vertex + 1
-            for r in readers:
-                net.add(z, r, INF)
-        net.add(y, z, size)
-    flow = net.max_flow(source, sink)
-    reached = net.reachable(source)
-    return problem.base + constant + flow, [w for w in range(n) if before_v[w] or (w in index and reached[index[w]])]
+    # the buffers the cut decides: an edge y -> z of its bytes, y the source (allocated before v)
+    # or its one free allocator or a vertex all its free allocators join, z likewise for readers
+    decided = counted & ~(allocated & read)
+    vertices = len(free) + 2
+    tails, heads, caps = [], [], []
+
+    def side(settled, nodes, owner, end):
+        nonlocal vertices
+        entry = decided[owner] & ~settled[owner] & is_free[nodes]  # the free ends of undecided buffers
+        count = np.bincount(owner[entry], minlength=len(decided))
+        vertex = np.where(settled, end, -1)
+        one = entry & (count[owner] == 1)
+        vertex[owner[one]] = index[nodes[one]]
+        joined = np.flatnonzero(decided & ~settled & (count > 1))
+        vertex[joined] = vertices + np.arange(len(joined))
+        vertices += len(joined)
+        many = entry & (count[owner] > 1)
+        return vertex, index[nodes[many]], vertex[owner[many]]
+
+    y, join_from, join_to = side(allocated, t.alloc_nodes, t.alloc_buffer, source)
+    tails.append(join_from), heads.append(join_to), caps.append(np.full(len(join_from), -1))
+    z, join_from, join_to = side(read, t.reader_nodes, t.reader_buffer, sink)
+    tails.append(join_to), heads.append(join_from), caps.append(np.full(len(join_from), -1))
+    cut = np.flatnonzero(decided)
+    tails.append(y[cut]), heads.append(z[cut]), caps.append(t.sizes[cut])
+    # w runs before v only if every predecessor u of w does: w -> u, infinite
+    inside = is_free[t.pred_nodes] & is_free[t.pred_of]
+    tails.append(index[t.pred_nodes[inside]]), heads.append(index[t.pred_of[inside]])
+    caps.append(np.full(int(inside.sum()), -1))
+    flow, reached = min_cut(vertices, np.concatenate(tails), np.concatenate(heads), np.concatenate(caps), source, sink)
+    prefix = before_v.copy()
+    prefix[free] = reached[: len(free)]
+    return problem.base + constant + flow, np.flatnonzero(prefix).tolist()
 
 
 def within_gap(bound: int, gap: float) -> int:

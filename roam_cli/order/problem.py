@@ -82,20 +82,28 @@ class Tables:
     has_readers: np.ndarray
     reader_nodes: np.ndarray
     reader_starts: np.ndarray
+    alloc_buffer: np.ndarray  # the buffer of each entry of alloc_nodes
+    reader_buffer: np.ndarray  # the buffer of each entry of reader_nodes
+    pred_nodes: np.ndarray  # every precedence edge as (node, predecessor): this node
+    pred_of: np.ndarray  # and that predecessor
 
     @staticmethod
     def of(problem: Problem) -> "Tables":
-        def flat(groups: list[tuple[int, ...]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        def flat(groups) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            groups = list(groups)
             present = np.array([bool(g) for g in groups], dtype=bool)
             lengths = [len(g) for g in groups if g]
             starts = np.cumsum([0] + lengths[:-1], dtype=np.int64) if lengths else np.zeros(0, dtype=np.int64)
-            return present, np.array([v for g in groups for v in g], dtype=np.int64), starts
+            owner = np.repeat(np.arange(len(groups), dtype=np.int64), [len(g) for g in groups])
+            return present, np.array([v for g in groups for v in g], dtype=np.int64), starts, owner
 
         buffers = problem.buffers
-        has_alloc, alloc_nodes, alloc_starts = flat([b.alloc for b in buffers])
-        has_readers, reader_nodes, reader_starts = flat([b.readers for b in buffers])
+        has_alloc, alloc_nodes, alloc_starts, alloc_buffer = flat(b.alloc for b in buffers)
+        has_readers, reader_nodes, reader_starts, reader_buffer = flat(b.readers for b in buffers)
+        _, pred_of, _, pred_nodes = flat(problem.preds)
         return Tables(np.array([b.bytes for b in buffers], dtype=np.int64), np.array([b.to_end for b in buffers], dtype=bool),
-                      has_alloc, alloc_nodes, alloc_starts, has_readers, reader_nodes, reader_starts)
+                      has_alloc, alloc_nodes, alloc_starts, has_readers, reader_nodes, reader_starts, alloc_buffer,
+                      reader_buffer, pred_nodes, pred_of)
 
 
 def from_memory_model(mm: MemoryModel) -> Problem:

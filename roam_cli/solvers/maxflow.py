@@ -1,9 +1,35 @@
 """Maximum flow / minimum s-t cut by Dinic's algorithm: the order's step bounds
-(`order.bounds`) and the recompute partitioner (`recompute.mincut`) cut their networks with it."""
+(`order.bounds`, through `min_cut`: in C where `_maxflow` is built) and the recompute
+partitioner (`recompute.mincut`, whose capacities outgrow 64 bits) cut their networks with it."""
 
 from collections import deque
 
+import numpy as np
+
+try:
+    from roam_cli.solvers import _maxflow
+except ImportError:  # optional, as every C extension (setup.py): this module is its reference
+    _maxflow = None
+
 INF = float("inf")
+
+
+def min_cut(vertices: int, tails: np.ndarray, heads: np.ndarray, caps: np.ndarray, source: int,
+            sink: int) -> tuple[int, np.ndarray]:
+    """(the maximum flow, the source side of a minimum cut as booleans) of the network of edges
+    tails[i] -> heads[i] with int64 capacities caps[i], a negative one infinite. The flow must be
+    finite and fit in 62 bits (the bounds' capacities are bytes)."""
+    tails, heads, caps = (np.ascontiguousarray(a, dtype=np.int64) for a in (tails, heads, caps))
+    if _maxflow is not None:
+        flow, side = _maxflow.min_cut(vertices, tails, heads, caps, source, sink)
+        if flow is None:
+            raise ValueError("min_cut: the flow is infinite")
+        return flow, np.frombuffer(side, dtype=bool)
+    net = Network(vertices)
+    for a, b, c in zip(tails.tolist(), heads.tolist(), caps.tolist()):
+        net.add(a, b, INF if c < 0 else c)
+    flow = net.max_flow(source, sink)
+    return flow, np.array(net.reachable(source), dtype=bool)
 
 
 class Network:

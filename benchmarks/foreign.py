@@ -1,0 +1,323 @@
+#!/usr/bin/env python3
+"""Foreign steps: 70B- and 405B-class LLaMA training steps made the ways other tools make them.
+
+    /work/venvs/fused/bin/python benchmarks/foreign.py --build [--only 70b]   # torch, onnxruntime-training
+    python benchmarks/foreign.py [--only 70b-dynamo-raw] [--json benchmarks/results/foreign.json]
+
+`benchmarks/scale.py`'s steps are roam's own (roam's exporter, `make-training-graph`). These are
+not: nothing of roam runs to make them. Each step is
+1. the forward exported by torch's exporter, called directly (`torch.onnx.export`, dynamo, with
+   `optimize=False` or its default optimisation), opset 18, the
+   logits flattened to [B·S, V] inside the exported module, the weights on the meta device (their
+   initializers point into an external-data file that is never written);
+2. the training graph made by ONNX Runtime's `onnxruntime.training.artifacts.generate_artifacts`
+   as it comes (cross-entropy loss, no optimizer); only its checkpoint is not written (there are no
+   weights to write: the gradient builder reads sparse stand-ins of the absent file);
+3. the optimizer written by a script as another tool would: each gradient-accumulation node
+   (`InPlaceAccumulatorV2`) dropped, AdamW appended after the whole backward, the order
+   `loss.backward(); optimizer.step()` gives, as 14 plain ONNX elementwise nodes per parameter
+   (moments, the update without bias correction, decoupled weight decay), the parameters and
+   moments graph inputs and their new values graph outputs (a functional step: the caller donates
+   the old state), the gradients transient.
+
+The variants differ in the exporter, the attention, the key/value heads and how the step says
+which output replaces which input (`FORMS`): a name suffix roam knows (`.new`), the pairs in the
+model's metadata (`roam.inplace`, as roam documents for tools that name outputs their own way), or
+ONNX Runtime's artifacts left as they come (`InPlaceAccumulatorV2` into the accumulation buffers,
+no optimizer). The TorchScript exporter does not export these models (torch 2.13, transformers
+4.57: "unordered_map::at" in the vmap of the attention mask, eager and sdpa), and the dynamo
+exporter's sdpa attention without its optimisation leaves CastLike nodes ORT's gradient builder has
+no gradient for: those combinations are not in the family. Planned as `scale.py` plans: `roam optimize STEP --jobs 2 --recompute MODE --gap G`
+under `/usr/bin/time -v`, then `roam verify`."""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import itertools
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import GIB, Llama, plan, row_md  # noqa: E402
+
+CACHE = Path("/work/foreign_cache")
+WEIGHTS = "absent_weights"  # the folder of external-data files the meta initializers point into, never written
+MODELS = {
+    "70b": Llama(80, 8192, 28672, 64),
+    "405b": Llama(126, 16384, 53248, 128),
+    "tiny": Llama(4, 64, 128, 16),
+}
+
+
+@dataclass(frozen=True)
+class Foreign:
+    exporter: str = "dynamo-raw"  # dynamo-raw: dynamo=True, optimize=False; dynamo: its default optimisation
+    attention: str = "eager"
+    kv_heads: int | None = None
+    form: str = "suffix"  # suffix: outputs <state>.new; metadata: outputs named apart, pairs in roam.inplace; artifacts
+    batch: int = 1
+    seq: int = 512
+    vocab: int | None = None  # None: the size's
+
+    def export_name(self, size: str) -> str:
+        vocab = f"-v{self.vocab}" if self.vocab else ""
+        return f"{size}-{self.exporter}-{self.attention}-{'gqa' if self.kv_heads else 'mha'}{vocab}-{self.batch}x{self.seq}"
+
+
+VARIANTS = {
+    "dynamo-raw": Foreign(),
+    "dynamo-opt": Foreign(exporter="dynamo"),
+    "sdpa-gqa": Foreign(exporter="dynamo", attention="sdpa", kv_heads=8),
+    "gqa": Foreign(kv_heads=8),
+    "metadata": Foreign(form="metadata"),
+    "artifacts": Foreign(form="artifacts"),
+    "4x2048": Foreign(batch=4, seq=2048),
+    "llama3": Foreign(kv_heads=8, vocab=128256),  # LLaMA-3's vocabulary and key/value heads
+}
+
+
+def export_forward(spec: Llama, v: Foreign, path: Path) -> None:
+    """The model's logits [B·S, V] for input ids [B, S], exported by torch's exporter itself."""
+    import logging
+    import warnings
+
+    import onnx
+    import onnx_ir as ir
+    import torch
+    import transformers as hf
+    import transformers.masking_utils as masks
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
+
+    # The same two meta-device gaps scale.py closes (torch 2.13, transformers 4.57): autocast on the
+    # "meta" device, and the eager mask's 0-d constant built there, which has no value to fold.
+    class Autocast(torch.autocast):
+        def __init__(self, device_type, *args, **kwargs):
+            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
+
+    def eager_mask(*args, dtype=torch.float32, **kwargs):
+        kwargs.pop("allow_is_causal_skip", None)
+        mask = masks.sdpa_mask(*args, allow_is_causal_skip=False, allow_torch_fix=False, **kwargs)
+        return torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
+
+    torch.autocast = Autocast
+    masks.AttentionMaskInterface._global_mapping["eager"] = eager_mask
+
+    class FlatLogits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, input_ids):
+            return self.m(input_ids=input_ids).logits.flatten(0, 1)
+
+    config = hf.LlamaConfig(vocab_size=v.vocab or spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
+                            num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
+                            num_key_value_heads=v.kv_heads or spec.heads, attn_implementation=v.attention,
+                            use_cache=False)
+    rotary = hf.models.llama.modeling_llama.LlamaRotaryEmbedding(config, device="cpu")  # its buffer's value
+    with torch.device("meta"):
+        model = FlatLogits(hf.LlamaForCausalLM(config))
+    model.train()
+    ids = torch.zeros((v.batch, v.seq), dtype=torch.int64, device="meta")
+    program = torch.onnx.export(model, (ids,), dynamo=True, optimize=False, opset_version=18,
+                                input_names=["input_ids"], output_names=["logits"])
+    for k, value in enumerate(program.model.graph.initializers.values()):
+        t = value.const_value
+        if getattr(getattr(t, "raw", None), "is_meta", False):
+            if value.name.endswith("inv_freq"):
+                value.const_value = ir.tensor(rotary.inv_freq.numpy(), name=value.name)
+                continue
+            value.const_value = ir.ExternalTensor(f"{WEIGHTS}/{k}", 0, int(t.dtype.itemsize * t.size), t.dtype,
+                                                  shape=t.shape, name=value.name, base_dir=str(path.parent))
+    if v.exporter == "dynamo":
+        # the exporter's default optimisation, which reads the weights it folds: run once they are
+        # stand-ins (with them on the meta device it fails: "Cannot copy out of meta tensor")
+        sparse_stand_ins(path.parent, ir.serde.serialize_model(program.model))
+        try:
+            program.optimize()
+        finally:
+            shutil.rmtree(path.parent / WEIGHTS)
+    onnx.save(ir.serde.serialize_model(program.model), str(path))
+
+
+def sparse_stand_ins(folder: Path, model) -> None:
+    """Each absent weights file as a sparse file of its size (ORT's gradient builder opens them),
+    one per tensor: a single file of a 70B-class model's 280 GB is more than mmap will map."""
+    from onnx import TensorProto
+
+    for t in model.graph.initializer:
+        if t.data_location == TensorProto.EXTERNAL:
+            kv = {e.key: e.value for e in t.external_data}
+            (folder / kv["location"]).parent.mkdir(parents=True, exist_ok=True)
+            with open(folder / kv["location"], "wb") as f:
+                f.truncate(int(kv.get("offset", 0)) + int(kv["length"]))
+
+
+def artifacts(forward: Path, out: Path) -> Path:
+    """ONNX Runtime's training graph of the forward, made by generate_artifacts as it comes."""
+    import onnx
+    from onnx import TensorProto
+    import onnxruntime
+    from onnxruntime.training import artifacts as ort_artifacts
+    from onnxruntime.training import onnxblock
+
+    onnxruntime.set_default_logger_severity(3)  # the gradient builder logs every transformer at INFO
+    model = onnx.load(str(forward), load_external_data=False)
+    trainable = [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
+    with tempfile.TemporaryDirectory() as tmp:
+        sparse_stand_ins(Path(tmp), model)
+        cwd = os.getcwd()
+        os.chdir(tmp)
+        save = onnxblock.save_checkpoint
+        onnxblock.save_checkpoint = lambda *a, **k: None  # no weights to save (the only change to the route)
+        try:
+            ort_artifacts.generate_artifacts(model, requires_grad=trainable, loss=ort_artifacts.LossType.CrossEntropyLoss,
+                                             artifact_directory=tmp)
+        finally:
+            onnxblock.save_checkpoint = save
+            os.chdir(cwd)
+        training = onnx.load(f"{tmp}/training_model.onnx", load_external_data=False)
+    path = out / "training_model.onnx"
+    onnx.save(training, str(path))
+    return path
+
+
+def functional_adamw(training_path: Path, out: Path, form: str, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
+                     weight_decay=0.01) -> Path:
+    """The training graph as a functional AdamW step, written as a script outside roam would."""
+    import onnx
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    m = onnx.load(str(training_path), load_external_data=False)
+    g = m.graph
+    accumulators = [n for n in g.node if n.op_type == "InPlaceAccumulatorV2"]
+    gradient = {n.input[0].replace("_grad.accumulation.buffer", ""): n.input[1] for n in accumulators}
+    for n in accumulators:
+        g.node.remove(n)
+    dropped = {o.name for o in g.output if o.name.endswith(".accumulation.out")}
+    keep_out = [o for o in g.output if o.name not in dropped]
+    del g.output[:]
+    g.output.extend(keep_out)
+    keep_in = [i for i in g.input if not i.name.endswith("_grad.accumulation.buffer") and i.name != "lazy_reset_grad"]
+    del g.input[:]
+    g.input.extend(keep_in)
+    # generate_artifacts made each trainable parameter a graph input
+    params = {i.name: [d.dim_value for d in i.type.tensor_type.shape.dim] for i in g.input if i.name in gradient}
+
+    def const(name, value):
+        g.initializer.append(numpy_helper.from_array(np.array(value, dtype=np.float32), f"adamw.{name}"))
+        return f"adamw.{name}"
+
+    b1, one_b1, b2, one_b2 = const("beta1", beta1), const("1-beta1", 1 - beta1), const("beta2", beta2), const("1-beta2", 1 - beta2)
+    e, lr_, decay = const("eps", eps), const("lr", lr), const("lr*wd", lr * weight_decay)
+    pairs = {}
+    for i, (p, shape) in enumerate(params.items()):
+        mom, var = f"{p}.exp_avg", f"{p}.exp_avg_sq"
+        for name in (mom, var):
+            g.input.append(helper.make_tensor_value_info(name, TensorProto.FLOAT, shape))
+        names = {p: f"{p}.new", mom: f"{mom}.new", var: f"{var}.new"} if form == "suffix" else \
+            {p: f"state_out_{3 * i}", mom: f"state_out_{3 * i + 1}", var: f"state_out_{3 * i + 2}"}
+        gr, k = gradient[p], f"adamw_{i}"
+        nodes = [("Mul", [mom, b1], "m1"), ("Mul", [gr, one_b1], "g1"), ("Add", [f"{k}.m1", f"{k}.g1"], names[mom]),
+                 ("Mul", [var, b2], "v1"), ("Mul", [gr, gr], "gg"), ("Mul", [f"{k}.gg", one_b2], "g2"),
+                 ("Add", [f"{k}.v1", f"{k}.g2"], names[var]), ("Sqrt", [names[var]], "s"), ("Add", [f"{k}.s", e], "d"),
+                 ("Div", [names[mom], f"{k}.d"], "u"), ("Mul", [f"{k}.u", lr_], "lu"), ("Mul", [p, decay], "wd"),
+                 ("Sub", [p, f"{k}.wd"], "p1"), ("Sub", [f"{k}.p1", f"{k}.lu"], names[p])]
+        for j, (op, ins, o) in enumerate(nodes):
+            outname = o if o in names.values() else f"{k}.{o}"
+            g.node.append(helper.make_node(op, ins, [outname], name=f"{k}_{j}_{op}"))
+        for state, new in names.items():
+            g.output.append(helper.make_tensor_value_info(new, TensorProto.FLOAT, shape))
+            pairs[new] = state
+    if form == "metadata":
+        m.metadata_props.add(key="roam.inplace", value=json.dumps(pairs))
+    path = out / f"step.{form}.onnx"
+    onnx.save(m, str(path))
+    return path
+
+
+def step_path(cache: Path, size: str, v: Foreign) -> Path:
+    folder = cache / v.export_name(size)
+    return folder / ("training_model.onnx" if v.form == "artifacts" else f"step.{v.form}.onnx")
+
+
+def build(size: str, v: Foreign, cache: Path) -> Path:
+    step = step_path(cache, size, v)
+    if step.exists():
+        return step
+    folder = step.parent
+    folder.mkdir(parents=True, exist_ok=True)
+    forward, training = folder / "forward.onnx", folder / "training_model.onnx"
+    t = time.time()
+    if not forward.exists():
+        export_forward(MODELS[size], v, forward)
+        print(f"{folder.name}: exported in {time.time() - t:.0f} s", flush=True)
+    t = time.time()
+    if not training.exists():
+        artifacts(forward, folder)
+        print(f"{folder.name}: generate_artifacts in {time.time() - t:.0f} s", flush=True)
+    if v.form != "artifacts":
+        functional_adamw(training, folder, v.form)
+    return step
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny) or SIZE-VARIANT")
+    ap.add_argument("--cache", type=Path, default=CACHE)
+    ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
+    ap.add_argument("--modes", default="off,free")
+    ap.add_argument("--gaps", default="0.01")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--plans", type=Path)
+    ap.add_argument("--json", dest="json_out", type=Path)
+    args = ap.parse_args(argv)
+    steps = []
+    for item in args.only.split(","):
+        size, _, name = item.partition("-")
+        if size not in MODELS or (name and name not in VARIANTS):
+            raise SystemExit(f"unknown step {item!r}: a size ({', '.join(MODELS)}) or SIZE-VARIANT ({', '.join(VARIANTS)})")
+        steps += [(size, n) for n in ([name] if name else VARIANTS)]
+    if args.build:
+        for size, name in steps:
+            try:
+                print(build(size, VARIANTS[name], args.cache), flush=True)
+            except SystemExit as e:  # an exporter that cannot make this step: said, and the others go on
+                print(f"{size}-{name}: {e}", flush=True)
+        return 0
+    rows = []
+    print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.plans or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for size, name in steps:
+            step = step_path(args.cache, size, VARIANTS[name])
+            if not step.exists():
+                print(f"| {size}-{name} | not made (see --build) |", flush=True)
+                continue
+            for mode, gap in itertools.product(args.modes.split(","), args.gaps.split(",")):
+                r = plan(f"{size}-{name}", step, folder, mode, args.jobs, gap)
+                rows.append(r | {"step": f"{size}-{name}", "variant": asdict(VARIANTS[name])})
+                print(row_md(f"{size}-{name}", r), flush=True)
+                if args.json_out:
+                    meta = {"date": datetime.date.today().isoformat(),
+                            "machine": f"{platform.machine()}, {platform.python_version()}",
+                            "command": "python " + " ".join(["benchmarks/foreign.py", *(argv or sys.argv[1:])])}
+                    args.json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
