@@ -196,8 +196,10 @@ def run_roam(path: Path, seconds: float, runs: Path) -> dict:
         got["status"] = got["summary"]["status"]
         got["schedule_file"] = schedule.name
     else:
-        got["status"] = "infeasible" if run.returncode == 1 else "error"
         got["message"] = (run.stderr.strip().splitlines() or [""])[-1]
+        # exit 1 is "infeasible: <proof>" or "no schedule found: <what ran>" (issue 41)
+        got["status"] = ("infeasible" if got["message"].startswith("roam: infeasible") else "none") \
+            if run.returncode == 1 else "error"
     return got
 
 

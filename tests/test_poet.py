@@ -3,6 +3,7 @@
 and on the two samples, and the CLI's refusals."""
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -166,3 +167,105 @@ def test_cli_check_exits_1_on_an_invalid_schedule(tmp_path):
     r = roam("remat", "--check", problem, sched)
     assert r.code == 1
     assert "stage 3: RAM 16 bytes at node 3 is over the budget 14" in r.err
+
+
+# --- when the greedy finds no plan (issue 41): the MILP from no start, a proof, or what ran ---
+
+def problem_of(ram, cpu, joules, edges, ram_budget, runtime_budget, paging=False) -> dict:
+    T = len(ram)
+    return {"format": "poet-problem-v1", "model": "hand", "platform": "hand", "T": T,
+            "nodes": [{"index": i, "name": f"n{i}", "cost_cpu": cpu[i], "cost_ram": ram[i], "compute_joules": joules[i],
+                       "pagein_joules": 1.0, "pageout_joules": 1.0, "backward": False} for i in range(T)],
+            "edges": edges, "parameter_cost": 0, "total_runtime_ms": sum(cpu), "ram_budget_bytes": ram_budget,
+            "runtime_budget_factor": runtime_budget / sum(cpu), "runtime_budget_ms": runtime_budget,
+            "paging": paging, "remat": True, "baseline_peak_bytes": 0}
+
+
+# 0 -> 1 -> 2 -> 3 -> 4, and 4 reads 0 and 1 too. RAM [1, 6, 4, 4, 2], runtime [3, 1, 1, 1, 1]
+# (7; budget 10: 3 to spare), joules [0.1, 1, 1, 1, 1]; RAM budget 13; no paging.
+# Keep-all: stage 3 holds 0, 1, 2 (11) and computes 3: 15, over by 2 (stage 4: 0, 1, 3 + 4 = 13).
+# The greedy weighs, per byte of stage 3's excess, recomputing 0 in stage 4 (0.1 J for 1 byte)
+# against recomputing 1 there (1 J for 2 bytes: 0.5 J/byte), takes 0 (stage 3: 14), and has
+# spent the spare runtime (7 + 3 = 10): recomputing 1 (1 more) no longer fits, no move is left.
+# The only schedule: recompute 1 in stage 4 (runtime 8): stage 3 holds 0, 2 and computes 3 (9);
+# stage 4 holds 0, 3 (5), computes 1 (11; 0 is read by 4 later, not freed) and 4 (13). Energy
+# 4.1 + 1 = 5.1 (recomputing 0 as well would take runtime 11).
+GREEDY_TRAP = problem_of([1, 6, 4, 4, 2], [3, 1, 1, 1, 1], [0.1, 1, 1, 1, 1],
+                         [[0, 1], [1, 2], [2, 3], [3, 4], [0, 4], [1, 4]], 13, 10)
+# 0 -> 1 -> 2 -> 3 -> 4 -> 5, 4 reads 0, 5 reads 1. RAM [2, 2, 4, 4, 1, 1], runtime [2, 2, 1, 1, 1, 1]
+# (8; budget 9: 1 to spare), RAM budget 10, no paging. Stage 3 must hold 0 and 1 (recomputing either
+# takes 2 of runtime, 1 is spare) and needs 2 (held, or recomputed from 1) with 3: 2 + 2 + 4 + 4 =
+# 12 > 10. No stage's own working set shows it (the largest, stage 3's: 3 and 2, is 8), and a
+# recomputation (of 2, 3, 4 or 5) fits the runtime: only the search over schedules proves it.
+NO_FIT = problem_of([2, 2, 4, 4, 1, 1], [2, 2, 1, 1, 1, 1], [1] * 6,
+                    [[0, 1], [1, 2], [2, 3], [3, 4], [0, 4], [4, 5], [1, 5]], 10, 9)
+
+
+def read_doc(doc: dict, tmp_path) -> poet.Problem:
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(doc))
+    return poet.read(path)
+
+
+def test_greedy_trap_needs_the_milp_which_finds_the_only_schedule(tmp_path):
+    p = read_doc(GREEDY_TRAP, tmp_path)
+    assert poet_solve.greedy(p, poet_solve.Graph(p), float("inf")) is None
+    found = poet_solve.solve(p, time_limit=30)
+    assert isinstance(found, poet_solve.Result), found
+    assert found.found_by == "MILP (CBC, no start)" and found.greedy_energy is None
+    verdict = evaluate(GREEDY_TRAP, schedule_doc(found.schedule))
+    assert verdict["valid"], verdict["violations"]
+    assert verdict["energy_joules"] == pytest.approx(5.1)
+    assert verdict["runtime"] == pytest.approx(8)
+    assert found.optimal
+
+
+def test_cli_writes_the_milps_schedule_when_the_greedy_finds_none(tmp_path):
+    path, out = tmp_path / "p.json", tmp_path / "s.json"
+    path.write_text(json.dumps(GREEDY_TRAP))
+    r = roam("remat", path, "-o", out, "--time-limit", "30")
+    assert r.code == 0, r.err
+    assert "(the greedy found none; MILP (CBC, no start))" in r.out
+    assert roam("remat", "--check", path, out).code == 0
+
+
+def test_milp_proves_that_no_schedule_fits(tmp_path):
+    p = read_doc(NO_FIT, tmp_path)
+    assert poet_solve.floor(p, poet_solve.Graph(p)) is None  # no cheap bound shows it
+    found = poet_solve.solve(p, time_limit=30)
+    assert isinstance(found, poet_solve.NoSchedule) and found.proved, found
+    assert found.message().startswith("infeasible: CBC proved that the MILP of the problem has no solution")
+    assert re.search(r"\(\d+\.\d s\), after greedy found none \(\d+\.\d s\)$", found.message())  # no paging, no repair
+
+
+def test_cli_says_infeasible_with_the_bound_when_nothing_can_leave_ram(tmp_path):
+    # NO_FIT with runtime 8.5: 0.5 to spare, below the cheapest recomputation (1); paging is off,
+    # so every schedule keeps each value to its last read: stage 3 holds 0, 1, 2 (8) and computes 3
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps({**NO_FIT, "runtime_budget_ms": 8.5}))
+    r = roam("remat", path, "-o", tmp_path / "s.json")
+    assert r.code == 1
+    assert r.err.strip() == ("roam: infeasible: paging is off and the cheapest recomputation takes 1, over the 0.5 "
+                             "of runtime left, so every schedule holds each value from its computation to its last "
+                             "read: stage 3 then needs 12 bytes, over the RAM budget 10")
+
+
+def test_message_says_the_milp_ran_out_of_time(tmp_path, monkeypatch):
+    # the solver stopped at the deadline without a point (as on a problem too hard for the limit)
+    p = read_doc(GREEDY_TRAP, tmp_path)
+    monkeypatch.setattr(poet_solve.milp_mod, "solve", lambda *a, **k: poet_solve.milp_mod.NO_SOLUTION_IN_TIME)
+    found = poet_solve.solve(p, time_limit=30)
+    assert isinstance(found, poet_solve.NoSchedule) and not found.proved
+    assert re.fullmatch(r"no schedule found: greedy found none \(\d+\.\d s\); "
+                        r"MILP \(CBC, no start\) ran \d+\.\d s without a feasible point", found.message()), found.message()
+
+
+def test_message_says_the_milp_did_not_run_when_no_time_is_left(tmp_path):
+    # a limit under the margin leaves the search 0.5 s: the greedy's, none for the MILP
+    path = tmp_path / "p.json"
+    path.write_text(json.dumps(GREEDY_TRAP))
+    r = roam("remat", path, "-o", tmp_path / "s.json", "--time-limit", "0.1")
+    assert r.code == 1
+    assert re.fullmatch(r"roam: no schedule found: greedy found none \(\d+\.\d s\); "
+                        r"MILP \(CBC, no start\) not run: no time left", r.err.strip()), r.err
+    assert "300" not in r.err and "repair" not in r.err

@@ -105,8 +105,8 @@ def remat_poet(obj, problem_path: Path, schedule_in: Path | None, out_path: Path
     check_output_path(out_path, [problem_path])
     problem = poet.read(problem_path)
     found = poet_solve.solve(problem, time_limit)
-    if isinstance(found, str):
-        raise CheckFailed(f"no schedule fits: {found}")
+    if isinstance(found, poet_solve.NoSchedule):
+        raise CheckFailed(found.message())
     poet.write(out_path, found.schedule, problem.T)
     summary = found.summary(problem)
     if as_json:
@@ -115,7 +115,8 @@ def remat_poet(obj, problem_path: Path, schedule_in: Path | None, out_path: Path
         out.print(f"wrote {out_path}: energy {summary['energy_joules']:.6g} J (compute "
                   f"{summary['compute_joules']:.6g}, paging {summary['paging_joules']:.6g}), peak RAM "
                   f"{summary['peak_ram_bytes']:g} of {problem.ram_budget:g} bytes, runtime {summary['runtime']:.6g} "
-                  f"of {problem.runtime_budget:.6g}, {summary['status']}, {summary['seconds']:.1f} s",
+                  f"of {problem.runtime_budget:.6g}, {summary['status']}, {summary['seconds']:.1f} s"
+                  + ("" if summary["found_by"] == "greedy" else f" (the greedy found none; {summary['found_by']})"),
                   highlight=False, soft_wrap=True)
 
 @cli.command("layout-csv")

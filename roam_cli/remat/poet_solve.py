@@ -3,17 +3,23 @@ to storage and pages in, under POET's exact accounting (docs/poet.md), within th
 runtime budget.
 
 1. `floor`: no schedule fits when a stage's own working set (node t and its inputs, less what
-   POET's double-counted frees of duplicated edges could give back) exceeds the RAM budget, or
-   when computing every node once already exceeds the runtime budget.
+   POET's double-counted frees of duplicated edges could give back) exceeds the RAM budget, when
+   computing every node once already exceeds the runtime budget, or when nothing can leave RAM
+   (paging off, and no recomputation fits the runtime budget) and keeping every value to its
+   last read, then the only schedule, is over the RAM budget.
 2. `greedy`: from keeping every value from its computation to its last use, while a stage is over
    the budget, a value held there but not read there leaves RAM for that gap, paged out and in or
    recomputed where it is next read, whichever costs the least energy per byte of excess it
    removes; each step is measured exactly (`measure`) and undone if it did not help. Then every
-   page-in, recomputation and page-out that the budget allows is taken back.
+   page-in, recomputation and page-out that the budget allows is taken back. When it finds
+   none, the repair search: the same greedy taking the page-outs first (they take no runtime, so
+   they cannot spend the runtime budget a later stage needs), then any recomputation.
 3. `milp`: POET's MILP with the structural zeros fixed instead of constrained, Free_E pinned by
    tight rows instead of big-M ones (a duplicated edge is one variable with twice the bytes),
    bytes in units of the budget, the objective the energy above computing every node once scaled
-   to the greedy's, warm-started from the greedy; CBC (PuLP's) or HiGHS until the time limit."""
+   to the greedy's, warm-started from the greedy; CBC (PuLP's) or HiGHS until the time limit.
+   When neither greedy found a plan, the MILP runs from no start for the time left: it finds a
+   schedule, proves that none fits, or is stopped at the limit, and `NoSchedule` says which."""
 
 import math
 import time
@@ -70,16 +76,29 @@ class Result:
     schedule: Schedule
     cost: Cost
     optimal: bool
-    greedy_energy: float
+    greedy_energy: float | None  # None: neither greedy search found a plan
     milp_status: str
     seconds: float
+
+    found_by: str = "greedy"  # the search whose plan the MILP started from (or the MILP, from no start)
 
     def summary(self, p: Problem) -> dict:
         return {"energy_joules": self.cost.energy, "compute_joules": self.cost.compute,
                 "paging_joules": self.cost.paging, "peak_ram_bytes": self.cost.peak, "ram_budget_bytes": p.ram_budget,
                 "runtime": self.cost.runtime, "runtime_budget": p.runtime_budget,
                 "status": "optimal" if self.optimal else "feasible", "greedy_energy_joules": self.greedy_energy,
-                "milp": self.milp_status, "seconds": round(self.seconds, 3)}
+                "found_by": self.found_by, "milp": self.milp_status, "seconds": round(self.seconds, 3)}
+
+
+@dataclass
+class NoSchedule:
+    """No schedule: `proved` when `reason` shows that none fits; else `reason` says what ran, for
+    how long, and how each search ended."""
+    proved: bool
+    reason: str
+
+    def message(self) -> str:
+        return f"infeasible: {self.reason}" if self.proved else f"no schedule found: {self.reason}"
 
 
 class Graph:
@@ -132,6 +151,18 @@ def floor(p: Problem, g: Graph) -> str | None:
                     f"RAM budget {p.ram_budget:g}")
     if sum(p.cpu) > p.runtime_budget * (1 + RUNTIME_SLACK):
         return f"computing each node once takes {sum(p.cpu):.6g}, over the runtime budget {p.runtime_budget:.6g}"
+    slack = p.runtime_budget * (1 + RUNTIME_SLACK) - sum(p.cpu)
+    if not p.paging and (not p.remat or min(p.cpu) > slack):
+        # nothing can leave RAM: a value is held from its computation to its last read in every
+        # schedule (holding one longer only adds bytes), so keeping every value is the least peak
+        cost = measure(p, g, Greedy(p, g).plan()[0])
+        worst = max(range(p.T), key=cost.excess.__getitem__)
+        if cost.excess[worst] > 0:
+            why = ("the problem disables recomputation" if not p.remat else
+                   f"the cheapest recomputation takes {min(p.cpu):.6g}, over the {slack:.6g} of runtime left")
+            return (f"paging is off and {why}, so every schedule holds each value from its computation to its "
+                    f"last read: stage {worst} then needs {cost.excess[worst] + p.ram_budget:g} bytes, over the "
+                    f"RAM budget {p.ram_budget:g}")
     return None
 
 
@@ -184,8 +215,9 @@ class Greedy:
                     pin[s].add(i)
         return Plan(comp, held, disk, pin, pout), gaps
 
-    def moves(self, plan: Plan, gaps: dict, cost: Cost, banned: set) -> list[tuple[float, tuple]]:
-        """(energy per byte of excess removed, move) for each value held over the worst stage."""
+    def moves(self, plan: Plan, gaps: dict, cost: Cost, banned: set, paging_first: bool = False) -> list[tuple]:
+        """(energy per byte of excess removed, move) for each value held over the worst stage, the
+        least first (`paging_first`: every page-out before any recomputation)."""
         p = self.p
         worst = max(range(p.T), key=cost.excess.__getitem__)
         found = []
@@ -207,7 +239,7 @@ class Greedy:
                         found.append((energy / gain, move))
         # a recomputation in the worst stage holds its inputs there: paging the value in instead
         # can free them (tried last, kept when it does not make the excess worse)
-        found.sort()
+        found.sort(key=lambda x: (paging_first and x[1][0] != "page", x))
         found += [(math.inf, ("hold", x, worst)) for x in sorted(self.extra[worst]) if ("hold", x, worst) not in banned]
         return found
 
@@ -233,15 +265,16 @@ class Greedy:
         self.extra, self.paged, self.kept = snap
 
 
-def greedy(p: Problem, g: Graph, deadline: float) -> tuple[Plan, Cost] | None:
-    """A plan that fits, or None when the greedy finds none (not a proof)."""
+def greedy(p: Problem, g: Graph, deadline: float, paging_first: bool = False) -> tuple[Plan, Cost] | None:
+    """A plan that fits, or None when the greedy finds none (not a proof). `paging_first`: the
+    repair search, which takes every page-out it can before any recomputation."""
     state = Greedy(p, g)
     plan, gaps = state.plan()
     cost = measure(p, g, plan)
     banned: set = set()
     over = sum(e for e in cost.excess if e > 0)
     while over > 0 and time.perf_counter() < deadline:
-        moves = state.moves(plan, gaps, cost, banned)
+        moves = state.moves(plan, gaps, cost, banned, paging_first)
         if not moves:
             return None
         move = moves[0][1]
@@ -292,9 +325,11 @@ def take_back(state: Greedy, plan: Plan, cost: Cost, deadline: float) -> tuple[P
     return plan, cost
 
 
-def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, solver: str) -> tuple[Plan | None, str]:
-    """POET's MILP, tightened (module docstring), warm-started from `start`. (plan, solver status):
-    the plan only when the solver found one."""
+def milp(p: Problem, g: Graph, start: Plan | None, start_cost: Cost | None, deadline: float,
+         solver: str) -> tuple[Plan | None, str]:
+    """POET's MILP, tightened (module docstring), warm-started from `start` when there is one.
+    (plan, solver status): the plan only when the solver found one; with no start, the status
+    can be milp_mod.INFEASIBLE, the solver's proof that no schedule fits."""
     T, B = p.T, p.ram_budget
     # the last stage at which a value can still be of use: read by a node first computed then, or
     # read by a recomputation of a node of use then
@@ -305,7 +340,9 @@ def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, s
     if time.perf_counter() + 3 * SECONDS_PER_VARIABLE * (3 * T * T + edges * T / 2) > deadline:
         return None, "not run: too large for the time left"
     baseline = sum(p.compute)
-    scale = OBJECTIVE_SCALE / max(start_cost.energy - baseline, 1e-12 * max(baseline, 1e-30))
+    # with no start, 1 % of the energy of computing every node once counts as OBJECTIVE_SCALE
+    extra = start_cost.energy - baseline if start_cost is not None else 0.01 * baseline
+    scale = OBJECTIVE_SCALE / max(extra, 1e-12 * max(baseline, 1e-30))
     lp = pulp.LpProblem("poet", pulp.LpMinimize)
 
     def binaries(name: str, pairs) -> dict:
@@ -365,8 +402,9 @@ def milp(p: Problem, g: Graph, start: Plan, start_cost: Cost, deadline: float, s
             U[t, k] = lp.add_variable(f"U_{t}_{k}", 0, 1)
             lp += U[t, k] == level
             level = U[t, k]
-    warm(start, R, S, D, MI, MO, F, U, p, g)
-    status = milp_mod.solve(lp, solver, deadline, warm=True)
+    if start is not None:
+        warm(start, R, S, D, MI, MO, F, U, p, g)
+    status = milp_mod.solve(lp, solver, deadline, warm=start is not None, proves=start is None)
     if status not in milp_mod.FOUND:
         return None, status
     value = {name: {key for key, x in m.items() if (x.value() or 0) > 0.5}
@@ -396,17 +434,30 @@ def warm(plan: Plan, R, S, D, MI, MO, F, U, p: Problem, g: Graph) -> None:
             U[t, k].setInitialValue(level / p.ram_budget)
 
 
-def solve(p: Problem, time_limit: float, solver: str = "cbc") -> Result | str:
-    """The best schedule found within `time_limit` seconds, or why there is none."""
+def solve(p: Problem, time_limit: float, solver: str = "cbc") -> Result | NoSchedule:
+    """The best schedule found within `time_limit` seconds, or why there is none: a proof, or what
+    ran and how each search ended (never a search that did not run)."""
     start = time.perf_counter()
     deadline = start + max(time_limit - MARGIN, 0.5)
     g = Graph(p)
     reason = floor(p, g)
     if reason:
-        return reason
-    found = greedy(p, g, deadline)
+        return NoSchedule(True, reason)
+    ran = []  # how each search that found nothing ended
+
+    def search(name: str, **options) -> tuple[Plan, Cost] | None:
+        began = time.perf_counter()
+        found = greedy(p, g, deadline, **options)
+        now = time.perf_counter()
+        if found is None:
+            ran.append(f"{name} found none ({now - began:.1f} s{', stopped at the time limit' if now >= deadline else ''})")
+        return found
+
+    found, found_by = search("greedy"), "greedy"
+    if found is None and p.paging and time.perf_counter() < deadline:
+        found, found_by = search("repair search (paging first)", paging_first=True), "repair search (paging first)"
     if found is None:
-        return f"no schedule found in {time_limit:g} s"
+        return cold_milp(p, g, deadline, solver, ran, start)
     plan, cost = found
     greedy_energy = cost.energy
     status = "not run"
@@ -417,4 +468,31 @@ def solve(p: Problem, time_limit: float, solver: str = "cbc") -> Result | str:
             if better_cost.fits(p) and better_cost.energy < cost.energy:
                 plan, cost = better, better_cost
     optimal = cost.energy <= sum(p.compute) or status == "optimal"
-    return Result(plan.schedule(), cost, optimal, greedy_energy, status, time.perf_counter() - start)
+    return Result(plan.schedule(), cost, optimal, greedy_energy, status, time.perf_counter() - start, found_by)
+
+
+def cold_milp(p: Problem, g: Graph, deadline: float, solver: str, ran: list[str], start: float) -> Result | NoSchedule:
+    """The MILP from no start, for the time left after the greedy searches found nothing (`ran`)."""
+    name = f"MILP ({solver.upper()}, no start)"
+    if time.perf_counter() >= deadline - 1:
+        return NoSchedule(False, "; ".join(ran + [f"{name} not run: no time left"]))
+    began = time.perf_counter()
+    plan, status = milp(p, g, None, None, deadline, solver)
+    seconds = time.perf_counter() - began
+    if status == milp_mod.INFEASIBLE:
+        return NoSchedule(True, f"{solver.upper()} proved that the MILP of the problem has no solution ("
+                                f"{seconds:.1f} s), after " + " and ".join(ran))
+    if plan is not None:
+        cost = measure(p, g, plan)
+        if cost.fits(p):
+            return Result(plan.schedule(), cost, status == "optimal" or cost.energy <= sum(p.compute), None, status,
+                          time.perf_counter() - start, name)
+        ran.append(f"{name} ran {seconds:.1f} s; its schedule breaks POET's accounting (peak {cost.peak:g} bytes, "
+                   f"runtime {cost.runtime:.6g}), so it is not used")
+    elif status == milp_mod.NO_SOLUTION_IN_TIME:
+        ran.append(f"{name} ran {seconds:.1f} s without a feasible point")
+    elif status.startswith("not run"):
+        ran.append(f"{name} {status}")
+    else:
+        ran.append(f"{name} ran {seconds:.1f} s: {status}")
+    return NoSchedule(False, "; ".join(ran))

@@ -5,8 +5,8 @@ on some ordering models). Run by `milp.solve_with_highs`, which reads SOLUTION b
     python -m roam_cli.solvers.highs_run MODEL.mps START|- SOLUTION TIME_LIMIT
 
 START holds one initial value per column (the warm start); SOLUTION gets "optimal" or
-"feasible" on its first line and the column values after, or "none" when HiGHS stopped (time
-or node limit) without a solution."""
+"feasible" on its first line and the column values after, "infeasible" when HiGHS proved that
+the model has none, or "none" when it stopped (time or node limit) without a solution."""
 
 import sys
 
@@ -31,9 +31,10 @@ def main(model: str, start: str, solution: str, time_limit: str) -> None:
         # 20,841 the optimum): its claim is then worthless, and a cold solve gets it right
         h.clearSolver()
         h.run()
-    if h.getInfo().primal_solution_status != 2:  # no feasible solution (time or node limit)
+    if h.getInfo().primal_solution_status != 2:  # no feasible solution: proved none, or time or node limit
+        proved = h.getModelStatus() == highspy.HighsModelStatus.kInfeasible
         with open(solution, "w") as f:
-            f.write("none\n")
+            f.write("infeasible\n" if proved else "none\n")
         return
     status = "optimal" if h.getModelStatus() == highspy.HighsModelStatus.kOptimal else "feasible"
     with open(solution, "w") as f:

@@ -11,7 +11,8 @@ its incumbent unless the answer is FOUND.
   write its incumbent, and SIGKILL after GRACE.
 - Faults: a solver that is missing, is killed, exits with an error, writes no or an unreadable
   solution, or calls a model infeasible (every model here has a known solution) is a failure,
-  named in the returned status.
+  named in the returned status; only a caller that holds no solution (`proves=True`) gets the
+  solver's proof of infeasibility back, as INFEASIBLE.
 - Ctrl-C (or any exception while waiting) kills the child before it propagates: no solver is
   left running after roam exits."""
 
@@ -33,21 +34,28 @@ SOLVERS = ("cbc", "highs")
 GRACE = 2.0  # seconds a solver gets to write its incumbent after it is told to stop
 FOUND = ("optimal", "feasible")  # statuses that come with a solution in the model's variables
 NO_SOLUTION_IN_TIME = "no solution in time"  # stopped at the deadline: not a fault
+INFEASIBLE = "infeasible"  # the solver proved that the model has no solution (only with proves=True)
 
 
 def failed(status: str) -> bool:
-    return status not in FOUND and status != NO_SOLUTION_IN_TIME
+    return status not in FOUND and status != NO_SOLUTION_IN_TIME and status != INFEASIBLE
 
 
-def solve(lp: pulp.LpProblem, solver: str, deadline: float, warm: bool) -> str:
+def solve(lp: pulp.LpProblem, solver: str, deadline: float, warm: bool, proves: bool = False) -> str:
     """Solve `lp` until `deadline` (time.perf_counter()),
     from the variables' initial values if `warm`. Returns "optimal" or "feasible" (the variables
-    hold the solution), NO_SOLUTION_IN_TIME, or "<solver> failed: <why>"."""
+    hold the solution), NO_SOLUTION_IN_TIME, INFEASIBLE (the solver proved there is no solution;
+    only when `proves`: a caller that knows a solution gets it as a fault), or
+    "<solver> failed: <why>"."""
     with tempfile.TemporaryDirectory(prefix="roam-milp-") as tmp:
         mps, start, sol = (os.path.join(tmp, f) for f in ("model.mps", "warm", "model.sol"))
         if solver == "cbc":
-            return solve_with_cbc(lp, mps, start if warm else None, sol, deadline)
-        return solve_with_highs(lp, mps, start if warm else None, sol, deadline)
+            status = solve_with_cbc(lp, mps, start if warm else None, sol, deadline)
+        else:
+            status = solve_with_highs(lp, mps, start if warm else None, sol, deadline)
+    if status == INFEASIBLE and not proves:
+        return f"{solver} failed: reports a model with a known solution infeasible"
+    return status
 
 
 def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float) -> str:
@@ -72,8 +80,8 @@ def solve_with_cbc(lp, mps: str, start: str | None, sol: str, deadline: float) -
         status, values, _, _, _, sol_status = cbc.readsol_MPS(sol, lp, variables, var_names, con_names)
     except (OSError, ValueError, IndexError):
         return "cbc failed: unreadable solution file"
-    if status == pulp.LpStatusInfeasible:
-        return "cbc failed: reports a model with a known solution infeasible"
+    if status == pulp.LpStatusInfeasible:  # "Infeasible" (the relaxation) or "Integer infeasible", both proofs
+        return INFEASIBLE
     if status != pulp.LpStatusOptimal:  # stopped before it had an incumbent
         return NO_SOLUTION_IN_TIME
     lp.assignVarsVals(values)
@@ -96,6 +104,8 @@ def solve_with_highs(lp, mps: str, start: str | None, sol: str, deadline: float)
         status, *values = open(sol).read().split()
         if status == "none":
             return NO_SOLUTION_IN_TIME
+        if status == INFEASIBLE:
+            return INFEASIBLE
         if status not in FOUND or len(values) != len(variables):
             raise ValueError
         for v, value in zip(variables, values):
