@@ -47,11 +47,11 @@ def list_schedule(problem: Problem) -> list[int]:
     indegree = [len(set(p)) for p in problem.preds]
     version = [0] * problem.n
     heap: list[tuple[int, int, int, int, int]] = []
-    # A ready node's price changes when a buffer it allocates is allocated or one it reads is down
-    # to its last read: it is repriced then. It changes too when a buffer it allocates is read
-    # before any allocator ran (a reduced problem's reader may run first): such a node is `stale`,
-    # repriced when a buffer it reads is next read, as when every reader of each buffer read was
-    # repriced (quadratic in a buffer's readers; the orders are those it gave).
+    # A ready node's price changes when a buffer it allocates is allocated, or one it reads is down
+    # to its last read (at most twice per buffer): it is repriced then. It changes too when a buffer
+    # it allocates is read before any allocator ran (a reduced problem's reader may run first); such
+    # a `stale` node is repriced when a buffer it reads is next read, which is where repricing every
+    # reader of each buffer read (quadratic in a buffer's readers) repriced it: the same orders.
     stale: set[int] = set()
     waiting: dict[int, list[int]] = {}  # buffer -> stale nodes reading it
 
