@@ -1,14 +1,19 @@
-"""A synthetic chain of N Relu nodes (default 10,000 and 100,000): does `roam optimize` load and
-plan it with a fast strategy in bounded time and memory, and does `roam verify` check it?
+"""A synthetic chain of N Relu nodes (default 10,000 to 100,000): does `roam optimize` load and
+plan it with a fast strategy in bounded time and memory, and does `roam verify` check it? Every
+Relu writes into its input (ONNX Runtime's in-place kernel), so the chain is one storage of N names.
 
-    python benchmarks/chain100k.py                       # 10,000 and 100,000 nodes
+    python benchmarks/chain100k.py                       # 10,000, 20,000, 50,000 and 100,000 nodes
     python benchmarks/chain100k.py --nodes 100000 --order original --layout first-fit
 
 Each command runs as its own process; the table gives its wall time and peak resident memory
-(from wait4), and the plan's own time per phase."""
+(from wait4) and microseconds per node of it (a second or so of it is the process's start), the
+plan's own time per phase, and the planning time (the phases after import) per node. The last
+line gives how the planning time grows from the smallest chain to the largest, as the exponent k
+of n^k: 1 is linear, 2 quadratic."""
 
 import argparse
 import json
+import math
 import os
 import platform
 import subprocess
@@ -43,16 +48,17 @@ def measure(args: list[str]) -> tuple[int, float, int, str]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--nodes", type=int, nargs="+", default=[10_000, 100_000])
+    ap.add_argument("--nodes", type=int, nargs="+", default=[10_000, 20_000, 50_000, 100_000])
     ap.add_argument("--order", default="original")
     ap.add_argument("--layout", default="first-fit")
     args = ap.parse_args()
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}; "
           f"roam optimize --order {args.order} --layout {args.layout}")
-    header = f"{'nodes':>8} {'command':9} {'exit':>4} {'wall s':>7} {'peak RSS MiB':>12}   plan phases (s)"
-    print(header)
+    print(f"{'nodes':>8} {'command':9} {'exit':>4} {'wall s':>7} {'wall µs/node':>12} {'peak RSS MiB':>12} "
+          f"{'plan µs/node':>12}   plan phases (s)")
     failed = False
+    planning: dict[int, float] = {}  # nodes -> µs per node
     with tempfile.TemporaryDirectory() as d:
         for n in args.nodes:
             model_path, plan_path = Path(d) / f"chain{n}.onnx", Path(d) / f"chain{n}.json"
@@ -60,16 +66,23 @@ def main() -> int:
             roam = [sys.executable, "-m", "roam_cli"]
             code, wall, rss, err = measure([*roam, "-q", "optimize", str(model_path), "-o", str(plan_path),
                                             "--order", args.order, "--layout", args.layout])
-            phases = ""
+            phases, us = "", ""
             if code == 0:
                 seconds = json.loads(plan_path.read_text())["stats"]["seconds"]
                 phases = ", ".join(f"{k} {v:.1f}" for k, v in seconds.items())
-            print(f"{n:>8} {'optimize':9} {code:>4} {wall:>7.1f} {rss / 2**20:>12.0f}   {phases or err.strip()}")
+                planning[n] = sum(v for k, v in seconds.items() if k != "import") / n * 1e6
+                us = f"{planning[n]:.0f}"
+            print(f"{n:>8} {'optimize':9} {code:>4} {wall:>7.1f} {wall / n * 1e6:>12.0f} {rss / 2**20:>12.0f} "
+                  f"{us:>12}   {phases or err.strip()}")
             failed |= code != 0
             if code == 0:
                 code, wall, rss, err = measure([*roam, "-q", "verify", str(model_path), str(plan_path)])
-                print(f"{n:>8} {'verify':9} {code:>4} {wall:>7.1f} {rss / 2**20:>12.0f}   {err.strip()}")
+                print(f"{n:>8} {'verify':9} {code:>4} {wall:>7.1f} {wall / n * 1e6:>12.0f} {rss / 2**20:>12.0f} "
+                      f"{'':>12}   {err.strip()}")
                 failed |= code != 0
+    if len(planning) > 1:
+        (a, ta), (b, tb) = min(planning.items()), max(planning.items())
+        print(f"planning time from {a:,} to {b:,} nodes: ~ n^{1 + math.log(tb / ta) / math.log(b / a):.2f}")
     return 1 if failed else 0
 
 

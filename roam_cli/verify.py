@@ -11,6 +11,7 @@ a view or in-place result in its base's. Each tier is checked as its own arena."
 
 import bisect
 import heapq
+import itertools
 import json
 from dataclasses import dataclass
 
@@ -122,17 +123,22 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
         for out in node.outputs:
             producer_node[out] = node
 
+    roots: dict[str, str] = {}  # each walk's names -> their root: a chain of n aliases is walked once
+
     def root(name: str) -> str:
-        seen = set()
-        while "alias_of" in tensors[name]:
+        seen, path = set(), []
+        while name not in roots and "alias_of" in tensors[name]:
             if name in seen:
                 raise Violation(f"alias_of chain through {name!r} is a cycle")
             seen.add(name)
+            path.append(name)
             target = tensors[name]["alias_of"]
             if target not in tensors:
                 raise Violation(f"{name!r} is alias_of {target!r}, which the plan does not list")
             name = target
-        return name
+        found = roots.get(name, name)
+        roots.update(dict.fromkeys(path, found))
+        return found
 
     group: dict[str, list[str]] = {}
     for name, t in tensors.items():
@@ -155,12 +161,23 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
                 raise Violation(f"{name!r} is produced by node {node.name!r} but marked persistent "
                                 f"({t['kind']}) with no offset")
 
-    # In-place results: nobody may read the old contents after the writer ran.
+    # In-place results: nobody may read the old contents after the writer ran. Per storage, its
+    # names by the step defining them, with the latest read of any defined so far: whether a
+    # writer's is late is one search, not a walk over the storage's names (a chain's are all).
+    latest: dict[str, tuple[list[int], list[int]]] = {}
     for name, t in tensors.items():
         if t.get("kind") != "inplace" or "alias_of" not in t:
             continue
         w = step[producer_node[name].name]
-        for other in group[root(name)]:
+        r = root(name)
+        if r not in latest:
+            by_step = sorted((produced_at.get(n, -1), max(readers.get(n, [-1]))) for n in group[r])
+            latest[r] = [d for d, _ in by_step], list(itertools.accumulate((read for _, read in by_step), max))
+        steps, last_read = latest[r]
+        before = bisect.bisect_left(steps, w)  # the names defined before the writer
+        if not before or last_read[before - 1] <= w:
+            continue
+        for other in group[r]:  # the late read, named as the first of the storage's names read late
             defined = produced_at.get(other, -1)
             if other == name or defined >= w:
                 continue
@@ -441,12 +458,15 @@ def check_shape_nodes_first(graph: Graph, order: list[str], step: dict[str, int]
     the node producing its input, with only other such nodes between (before every other node when
     the input is a graph input). One whose input ORT computes at load (`folded`) is exempt."""
     shape_nodes = {n.name for n in graph.nodes if (n.domain, n.op_type) in SHAPE_READERS}
+    following = [len(order)] * (len(order) + 1)  # per step, the first step from it not a Shape or Size node's
+    for s in reversed(range(len(order))):
+        following[s] = following[s + 1] if order[s] in shape_nodes else s
     for n in graph.nodes:
         if n.name not in shape_nodes or not n.inputs or n.inputs[0] in folded:
             continue
         ready = produced_at.get(n.inputs[0], -1) + 1
-        other = next((m for m in order[ready:step[n.name]] if m not in shape_nodes), None)
-        if other is not None:
+        if following[ready] < step[n.name]:
+            other = order[following[ready]]
             raise Violation(f"{n.op_type} node {n.name!r} is at step {step[n.name]}, after {other!r}, but ONNX "
                             f"Runtime runs it as soon as its input {n.inputs[0]!r} exists (step {ready}): the "
                             "plan's order is not the order that runs")

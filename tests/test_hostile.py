@@ -333,7 +333,6 @@ def test_verify_on_a_corrupted_plan_exits_0_1_or_2_with_one_line(planned, tmp_pa
     assert code in (0, 1, 2) and stderr.count("\n") == (code != 0), (code, stderr)
 
 
-@pytest.mark.slow  # 40 s: the memory model's in-place joins and verify are quadratic in a chain's length
 def test_a_10000_node_chain_plans_and_verifies(tmp_path):
     path = tmp_path / "chain.onnx"
     path.write_bytes(chain(10_000).SerializeToString())
@@ -342,7 +341,7 @@ def test_a_10000_node_chain_plans_and_verifies(tmp_path):
     assert result.plan["arena_bytes"] == 2 * 256  # a Relu's input and output, 64 floats each
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # 30 s
 def test_a_100000_node_chain_plans_in_bounded_memory(tmp_path):
     """benchmarks/chain100k.py has the figures; this holds the bound the docs state."""
     path = tmp_path / "chain.onnx"

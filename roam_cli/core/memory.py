@@ -183,11 +183,25 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     # --- storage sharing: views, in-place ops, declared update pairs -------------------------
     storage_of: dict[str, str] = {}
     alias: dict[str, str] = {}
+    # name -> (an ancestor along storage_of, the links to it), left by each walk (path compression):
+    # a chain joined one name at a time is n names deep, walked once, not once per name. A join
+    # only gives a root a target, so an ancestor stays one.
+    shortcut: dict[str, tuple[str, int]] = {}
+
+    def find(name: str) -> tuple[str, int]:
+        """(the root owning name's storage, the links of storage_of from name to it)."""
+        path = []
+        while name in storage_of:
+            path.append(name)
+            name = shortcut.get(name, (storage_of[name], 1))[0]
+        links = 0
+        for y in reversed(path):
+            links += shortcut.get(y, (storage_of[y], 1))[1]
+            shortcut[y] = (name, links)
+        return name, links
 
     def root(name: str) -> str:
-        while name in storage_of:
-            name = storage_of[name]
-        return name
+        return find(name)[0]
 
     writes_into: dict[int, list[str]] = {}  # node -> state roots it overwrites in place
     for i, n in enumerate(nodes):
@@ -214,7 +228,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
     folded = folded_values(graph)
-    overwritten = kernels_in_place(graph, storage_of, root, folded, order)  # joined into storage_of as found
+    overwritten = kernels_in_place(graph, storage_of, find, folded, order)  # joined into storage_of as found
     alias.update(dict.fromkeys(overwritten, "inplace"))
     if overwritten:
         notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
@@ -333,7 +347,7 @@ def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
                  frozenset(homes))
 
 
-def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, folded: set[str],
+def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set[str],
                      order: list[int] | None = None) -> dict[str, str]:
     """Output -> input of the kernels that write their output into their input (MAY_OVERWRITE),
     where ONNX Runtime's planner would: the node reads the input's storage last and once. Without
@@ -343,14 +357,24 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, folded: set
     recomputing copy, which reads a saved value after the forward's reader, writes into it). The
     storage is a node's transient output and holds no graph output nor a value ORT folds from
     constants (`folded`); input and output have the same shape and element size. Nodes are taken in the
-    order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step."""
+    order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step. `find(name)`:
+    (the root of name's storage, the links of storage_of from name to it)."""
     outputs = set(graph.outputs)
-    members: dict[str, list[str]] = {}  # storage root -> the names in it
-    for name in graph.values:
-        members.setdefault(root(name), []).append(name)
-    found: dict[str, str] = {}
     running = order if order is not None else range(len(graph.nodes))
     pos = {i: k for k, i in enumerate(running)}
+    # Per storage root, over the names in it: whether one is a graph output, how many nodes read
+    # one, and where the last of them runs. A join adds the output's storage to the input's, whose
+    # readers are disjoint (the output's come after the node; the input's, where it may join, are
+    # the node and nodes before it): the figures add up, and no storage's names are walked again.
+    holds_output: dict[str, bool] = {}
+    users: dict[str, set[int]] = {}
+    for name in graph.values:
+        r = find(name)[0]
+        holds_output[r] = holds_output.get(r, False) or name in outputs
+        users.setdefault(r, set()).update(graph.consumers.get(name, ()))
+    readers = {r: len(u) for r, u in users.items()}
+    last = {r: max((pos[i] for i in u), default=-1) for r, u in users.items()}
+    found: dict[str, str] = {}
     for i in running:
         n = graph.nodes[i]
         hint = MAY_OVERWRITE.get((n.domain, n.op_type))
@@ -359,24 +383,23 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], root, folded: set
         out, x = n.outputs[hint[0]], n.inputs[hint[1]]
         if not out or not x or out in outputs or out in storage_of:
             continue
-        r = root(x)
-        group = members[r]
-        if r not in graph.producer or r in folded or outputs.intersection(group):
+        r, links = find(x)
+        if r not in graph.producer or r in folded or holds_output[r]:
             continue
-        if sum(root(y) == r for y in n.inputs) != 1:
+        if sum(find(y)[0] == r for y in n.inputs) != 1:
             continue
-        chain, name = set(), x  # the nodes that made the name it reads from the storage's root
-        while name in storage_of:
-            chain.add(graph.producer[name])
-            name = storage_of[name]
-        if any(u != i and u not in chain and (order is None or pos[u] > pos[i])
-               for name in group for u in graph.consumers.get(name, ())):
+        # the storage's readers: this node, the `links` nodes that made the name x from the root
+        # (views and in-place writers, each reading the name its output shares: they run before
+        # this node), and others, which there may be none of, or, with `order`, none after it
+        if readers[r] > links + 1 if order is None else last[r] > pos[i]:
             continue
         a, b = graph.values[x], graph.values[out]
         if a.shape == b.shape and element_size(a.dtype) == element_size(b.dtype):
             found[out] = x
             storage_of[out] = x  # later nodes see the joined storage
-            group.extend(members.pop(out))
+            holds_output[r] |= holds_output.pop(out)
+            readers[r] += readers.pop(out)
+            last[r] = max(last[r], last.pop(out))
     return found
 
 

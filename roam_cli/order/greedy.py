@@ -47,10 +47,18 @@ def list_schedule(problem: Problem) -> list[int]:
     indegree = [len(set(p)) for p in problem.preds]
     version = [0] * problem.n
     heap: list[tuple[int, int, int, int, int]] = []
+    # A ready node's price changes when a buffer it allocates is allocated, or one it reads is down
+    # to its last read (at most twice per buffer): it is repriced then. It changes too when a buffer
+    # it allocates is read before any allocator ran (a reduced problem's reader may run first); such
+    # a `stale` node is repriced when a buffer it reads is next read, which is where repricing every
+    # reader of each buffer read (quadratic in a buffer's readers) repriced it: the same orders.
+    stale: set[int] = set()
+    waiting: dict[int, list[int]] = {}  # buffer -> stale nodes reading it
 
     def push(v: int) -> None:
         grown, freed = sim.effect(v)
         version[v] += 1
+        stale.discard(v)
         heapq.heappush(heap, (grown - freed, grown, v, version[v], v))
 
     for v in range(problem.n):
@@ -63,7 +71,18 @@ def list_schedule(problem: Problem) -> list[int]:
             continue
         order.append(v)
         sim.run(v)
-        touched = {u for b in problem.reads[v] for u in problem.buffers[b].readers}
+        for b in problem.reads[v]:
+            if not sim.allocated[b]:
+                for u in problem.buffers[b].alloc:
+                    if indegree[u] == 0 and not sim.done[u] and u not in stale:
+                        stale.add(u)
+                        for c in problem.reads[u]:
+                            waiting.setdefault(c, []).append(u)
+        touched = set()
+        for b in problem.reads[v]:
+            stale_readers = waiting.pop(b, ())
+            touched.update(problem.buffers[b].readers if sim.remaining[b] <= 1
+                           else (u for u in stale_readers if u in stale))
         touched.update(u for b in problem.allocs[v] for u in problem.buffers[b].alloc)
         for w in set(problem.succs[v]):
             indegree[w] -= 1
