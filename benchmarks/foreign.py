@@ -2,12 +2,12 @@
 """Foreign steps: 70B- and 405B-class LLaMA training steps made the ways other tools make them.
 
     /work/venvs/fused/bin/python benchmarks/foreign.py --build [--only 70b]   # torch, onnxruntime-training
-    python benchmarks/foreign.py [--only 70b-dynamo-raw] [--json benchmarks/results/foreign.json]
+    python benchmarks/foreign.py [--only 70b-suffix] [--json benchmarks/results/foreign.json]
 
 `benchmarks/scale.py`'s steps are roam's own (roam's exporter, `make-training-graph`). These are
 not: nothing of roam runs to make them. Each step is
-1. the forward exported by torch's exporter, called directly (`torch.onnx.export`, dynamo, with
-   `optimize=False` or its default optimisation), opset 18, the
+1. the forward exported by torch's exporter, called directly (`torch.onnx.export(dynamo=True,
+   optimize=False)`), opset 18, the
    logits flattened to [B·S, V] inside the exported module, the weights on the meta device (their
    initializers point into an external-data file that is never written);
 2. the training graph made by ONNX Runtime's `onnxruntime.training.artifacts.generate_artifacts`
@@ -20,15 +20,19 @@ not: nothing of roam runs to make them. Each step is
    moments graph inputs and their new values graph outputs (a functional step: the caller donates
    the old state), the gradients transient.
 
-The variants differ in the exporter, the attention, the key/value heads and how the step says
-which output replaces which input (`FORMS`): a name suffix roam knows (`.new`), the pairs in the
+The variants differ in the key/value heads, the batch, the vocabulary and how the step says which
+output replaces which input: a name suffix roam knows (`.new`), the pairs in the
 model's metadata (`roam.inplace`, as roam documents for tools that name outputs their own way), or
 ONNX Runtime's artifacts left as they come (`InPlaceAccumulatorV2` into the accumulation buffers,
-no optimizer). The TorchScript exporter does not export these models (torch 2.13, transformers
-4.57: "unordered_map::at" in the vmap of the attention mask, eager and sdpa), and the dynamo
-exporter's sdpa attention without its optimisation leaves CastLike nodes ORT's gradient builder has
-no gradient for: those combinations are not in the family. Planned as `scale.py` plans: `roam optimize STEP --jobs 2 --recompute MODE --gap G`
-under `/usr/bin/time -v`, then `roam verify`."""
+no optimizer). Not in the family, because the tools do not make them: the TorchScript exporter
+(torch 2.13, transformers 4.57: "unordered_map::at" in the vmap of the attention mask, eager and
+sdpa); the dynamo exporter's default optimisation (it reads every weight it might fold: on the
+70B-class stand-ins it took 24 GB and was killed); sdpa attention without it (CastLike nodes, for
+which ORT's gradient builder has no gradient). The variants: `suffix` (the base: LLaMA-2-70B's
+shape, one key/value head per head, 1 × 512, outputs `<state>.new`), `metadata`, `artifacts`,
+`gqa` (8 key/value heads), `4x2048` (batch 4 × 2,048), `llama3` (8 key/value heads and LLaMA-3's
+128,256-token vocabulary). Planned as `scale.py` plans:
+`roam optimize STEP --jobs 2 --recompute MODE --gap G` under `/usr/bin/time -v`, then `roam verify`."""
 
 from __future__ import annotations
 
@@ -38,7 +42,6 @@ import itertools
 import json
 import os
 import platform
-import shutil
 import sys
 import tempfile
 import time
@@ -46,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import GIB, Llama, plan, row_md  # noqa: E402
+from scale import Llama, plan, row_md
 
 CACHE = Path("/work/foreign_cache")
 WEIGHTS = "absent_weights"  # the folder of external-data files the meta initializers point into, never written
@@ -59,7 +62,6 @@ MODELS = {
 
 @dataclass(frozen=True)
 class Foreign:
-    exporter: str = "dynamo-raw"  # dynamo-raw: dynamo=True, optimize=False; dynamo: its default optimisation
     attention: str = "eager"
     kv_heads: int | None = None
     form: str = "suffix"  # suffix: outputs <state>.new; metadata: outputs named apart, pairs in roam.inplace; artifacts
@@ -69,13 +71,11 @@ class Foreign:
 
     def export_name(self, size: str) -> str:
         vocab = f"-v{self.vocab}" if self.vocab else ""
-        return f"{size}-{self.exporter}-{self.attention}-{'gqa' if self.kv_heads else 'mha'}{vocab}-{self.batch}x{self.seq}"
+        return f"{size}-{self.attention}-{'gqa' if self.kv_heads else 'mha'}{vocab}-{self.batch}x{self.seq}"
 
 
 VARIANTS = {
-    "dynamo-raw": Foreign(),
-    "dynamo-opt": Foreign(exporter="dynamo"),
-    "sdpa-gqa": Foreign(exporter="dynamo", attention="sdpa", kv_heads=8),
+    "suffix": Foreign(),
     "gqa": Foreign(kv_heads=8),
     "metadata": Foreign(form="metadata"),
     "artifacts": Foreign(form="artifacts"),
@@ -139,20 +139,12 @@ def export_forward(spec: Llama, v: Foreign, path: Path) -> None:
                 continue
             value.const_value = ir.ExternalTensor(f"{WEIGHTS}/{k}", 0, int(t.dtype.itemsize * t.size), t.dtype,
                                                   shape=t.shape, name=value.name, base_dir=str(path.parent))
-    if v.exporter == "dynamo":
-        # the exporter's default optimisation, which reads the weights it folds: run once they are
-        # stand-ins (with them on the meta device it fails: "Cannot copy out of meta tensor")
-        sparse_stand_ins(path.parent, ir.serde.serialize_model(program.model))
-        try:
-            program.optimize()
-        finally:
-            shutil.rmtree(path.parent / WEIGHTS)
     onnx.save(ir.serde.serialize_model(program.model), str(path))
 
 
 def sparse_stand_ins(folder: Path, model) -> None:
     """Each absent weights file as a sparse file of its size (ORT's gradient builder opens them),
-    one per tensor: a single file of a 70B-class model's 280 GB is more than mmap will map."""
+    one per tensor: mmap refused a single file of a 70B-class model's 280 GB."""
     from onnx import TensorProto
 
     for t in model.graph.initializer:
@@ -166,8 +158,8 @@ def sparse_stand_ins(folder: Path, model) -> None:
 def artifacts(forward: Path, out: Path) -> Path:
     """ONNX Runtime's training graph of the forward, made by generate_artifacts as it comes."""
     import onnx
-    from onnx import TensorProto
     import onnxruntime
+    from onnx import TensorProto
     from onnxruntime.training import artifacts as ort_artifacts
     from onnxruntime.training import onnxblock
 
@@ -195,8 +187,8 @@ def artifacts(forward: Path, out: Path) -> Path:
 def functional_adamw(training_path: Path, out: Path, form: str, lr=1e-4, beta1=0.9, beta2=0.999, eps=1e-8,
                      weight_decay=0.01) -> Path:
     """The training graph as a functional AdamW step, written as a script outside roam would."""
-    import onnx
     import numpy as np
+    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     m = onnx.load(str(training_path), load_external_data=False)
@@ -291,10 +283,7 @@ def main(argv=None) -> int:
         steps += [(size, n) for n in ([name] if name else VARIANTS)]
     if args.build:
         for size, name in steps:
-            try:
-                print(build(size, VARIANTS[name], args.cache), flush=True)
-            except SystemExit as e:  # an exporter that cannot make this step: said, and the others go on
-                print(f"{size}-{name}: {e}", flush=True)
+            print(build(size, VARIANTS[name], args.cache), flush=True)
         return 0
     rows = []
     print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
