@@ -6,7 +6,7 @@ placement is one scan for the first gap that fits.
 """
 
 import heapq
-from bisect import insort
+from bisect import bisect_left, insort
 from collections.abc import Sequence
 
 
@@ -16,15 +16,13 @@ def first_fit(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
     offsets = [0] * len(buffers)
     active: list[tuple[int, int, int]] = []  # (offset, top, index), sorted
     expiry: list[tuple[int, int]] = []  # (upper, index)
-    live: set[int] = set()
     for i in order:
         lo, hi, size = buffers[i]
         if size <= 0 or hi <= lo:
             continue
-        if expiry and expiry[0][0] <= lo:
-            while expiry and expiry[0][0] <= lo:
-                live.discard(heapq.heappop(expiry)[1])
-            active = [a for a in active if a[2] in live]
+        while expiry and expiry[0][0] <= lo:  # each expired entry found by bisection, not a rebuild
+            j = heapq.heappop(expiry)[1]
+            del active[bisect_left(active, (offsets[j], offsets[j] + buffers[j][2], j))]
         offset = 0
         for start, end, _j in active:
             if start - offset >= size:
@@ -34,5 +32,4 @@ def first_fit(buffers: Sequence[tuple[int, int, int]]) -> list[int]:
         offsets[i] = offset
         insort(active, (offset, offset + size, i))
         heapq.heappush(expiry, (hi, i))
-        live.add(i)
     return offsets
