@@ -259,12 +259,13 @@ def offload_front(model_path: Path, options: pipeline.Options, points: int, say=
     def plan_model(i, m, o, given=None):
         return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, given)
 
-    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [])
+    memo: dict = {}  # the fixed policies' plans, made once for both calls
+    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [], memo)
     keep = next(c.device_bytes for c in fixed if c.policy == "keep")
     floor = offload_policies.working_set(imported.graph, mm)[0]
     spread = [keep * (points - k) // points for k in range(1, points)]
     budgets = sorted({b for b in spread + [c.device_bytes - options.alignment for c in fixed] if b >= floor})
-    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets)
+    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets, memo)
     rows = [{"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,
              "energy_joules": c.estimate.energy_joules, "transfers": len(c.transfers)} for c in candidates]
     front = []
