@@ -173,8 +173,8 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
             result = plan_choice(imported, mm, choice, model_path, plan_path, share(1), seconds, say)
             before_figures = before()
     else:
-        kept = plan_to_fit(lambda o: plan_model(imported, mm, model_path, plan_path, o, dict(seconds), say),
-                           replace(share(2), stop_at_budget=True))
+        # searched to its end: when it fits, it is the plan, and the same as optimize's without --recompute
+        kept = plan_model(imported, mm, model_path, plan_path, share(2), dict(seconds), say)
         result = plan_within_budget(imported, mm, kept, model_path, plan_path, options, seconds, deadline, share, say)
         before_figures = graph_figures(kept.plan)
     plan = result.plan
