@@ -146,7 +146,8 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
             break
         on_front = {p.plan["recompute"]["kept_bytes"]["after"] for p in front}
         batch, gaps = [], []
-        for _ in range(min(max(options.jobs, 1), points - len(front), PROBES_PER_POINT * points - probes)):
+        # as many gaps as jobs, even with fewer points missing: a second core plans the spare one meanwhile
+        for _ in range(min(max(options.jobs, 1), PROBES_PER_POINT * points - probes)):
             ordered = sorted(marks)
             gaps = [(hi - lo, lo, hi) for lo, hi in zip(ordered, ordered[1:])
                     if hi - lo > options.alignment and (lo in on_front or hi in on_front)]
