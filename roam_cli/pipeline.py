@@ -47,6 +47,9 @@ class Options:
     offload: str | None = None  # the slower tier to plan with (roam_cli.offload.planner): host | storage
     device: str | None = None  # the device profile of the estimates (roam_cli.cost.profile; None: its default)
     objective: str = "time"  # what the tiered planner minimises: time | energy
+    # recompute "budget": the order search stops once the plan's peak leaves persistent + peak within
+    # the budget (whether a plan fits is all the budget's choice needs; None: search as optimize does)
+    stop_at_budget: bool = False
 
 
 @dataclass
@@ -170,6 +173,7 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
             result = plan_choice(imported, mm, choice, model_path, plan_path, share(1), seconds, say)
             before_figures = before()
     else:
+        # searched to its end: when it fits, it is the plan, and the same as optimize's without --recompute
         kept = plan_model(imported, mm, model_path, plan_path, share(2), dict(seconds), say)
         result = plan_within_budget(imported, mm, kept, model_path, plan_path, options, seconds, deadline, share, say)
         before_figures = graph_figures(kept.plan)
@@ -178,6 +182,19 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
     if not options.reproducible:  # choosing, and the plans made besides this one
         spent = plan["stats"]["seconds"]
         spent["recompute"] = time.perf_counter() - start - spent["order"] - spent["layout"]
+    return result
+
+
+def plan_to_fit(make, options: Options) -> Result:
+    """make(options)'s plan, its order search stopped once the plan's peak fits options.budget
+    (`stop_at_budget`): which choice fits is all --recompute budget asks of a plan, and a search
+    that reaches the budget reaches it at the same point of its (deterministic) course with or
+    without the stop. When the layout then leaves the arena above the peak and the plan over the
+    budget, the plan is made again with the search run to its end."""
+    result = make(options)
+    plan = result.plan
+    if plan["stats"]["order"].get("stopped_at_target") and plan_io.needed_bytes(plan) > options.budget:
+        result = make(replace(options, stop_at_budget=False))
     return result
 
 
@@ -257,7 +274,8 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         say(f"choosing what to recompute to keep at most {limit} bytes")
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
                                    max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
-        tried.append(plan_choice(imported, mm, choice, model_path, plan_path, share(2), seconds, say))
+        tried.append(plan_to_fit(lambda o: plan_choice(imported, mm, choice, model_path, plan_path, o, seconds, say),
+                                 replace(share(2), stop_at_budget=True)))
         excess = plan_io.needed_bytes(tried[-1].plan) - budget
         if excess <= 0 or limit == fewest.kept_bytes:
             break
@@ -299,9 +317,12 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     say(f"ordering {len(imported.graph.nodes)} nodes ({options.order})")
     # the ordering gets half of --time-limit, the layout what is left
     order_limit = options.time_limit / 2 if options.time_limit is not None else None
+    # (kernels' scratch shares the arena at steps of its own: no target where there is any)
+    target = (options.budget - mm.persistent_bytes if options.stop_at_budget and options.budget is not None
+              and mm.tiers is None and not options.workspace else None)
     chosen_order, order_stats = (order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
                                              jobs=options.jobs, solver=options.solver, measured=measured,
-                                             progress=say, gap=options.gap)
+                                             progress=say, gap=options.gap, target=target)
                                  if given is None else (order.runs(mm, given[0]), dict(given[1])))
     order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
                                 for k, v in measured.items()]

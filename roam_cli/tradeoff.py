@@ -13,7 +13,9 @@ Ordering does not follow the boundary's bytes exactly, so a plan can need more m
 another that recomputes less: such a point is dominated, and is dropped from the front and
 reported. What is left is monotone: less memory, more extra FLOPs."""
 
+import multiprocessing as mp
 import time
+from multiprocessing import connection as mp_connection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -92,18 +94,35 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
     fewest = recompute.fewest_bytes(graph, mm)
     made: dict[tuple, Point] = {}  # choice -> its point
 
-    def add(label: str, choice: recompute.Choice, mode: str, limit: int | None) -> None:
-        key = (choice.saved, choice.copied, choice.replayed)
-        if key in made:
+    def add(batch: list[tuple[str, recompute.Choice, str, int | None]]) -> None:
+        """Plan and verify the batch's choices not planned yet: in `options.jobs` processes at
+        once when there are several (each plan's own search then runs in one), else here."""
+        fresh: dict[tuple, tuple] = {}
+        for label, choice, mode, limit in batch:
+            key = (choice.saved, choice.copied, choice.replayed)
+            if key not in made and key not in fresh:
+                fresh[key] = (label, choice, mode, limit)
+        if not fresh:
             return
         left = max(deadline - time.perf_counter(), 1.0)
         share = None if options.time_limit is None else left / max(points - len(made), 2)
-        each = replace(options, recompute=mode, time_limit=share)
-        say(f"planning point {len(made) + 1}: {label}")
-        result = pipeline.plan_choice(imported, mm, choice, model_path, plans_dir / "plan.json", each, {}, say)
+        # parallel plans share the cores: each gets the share of a plan made alone, in a process of its own
+        workers = min(options.jobs, len(fresh))
+        each = replace(options, time_limit=share, jobs=1 if workers > 1 else options.jobs)
+        tasks = list(fresh.values())
+        for k, (label, *_rest) in enumerate(tasks):
+            say(f"planning point {len(made) + k + 1}: {label}")
+        planned = parallel_map(lambda task: plan_point(task, each), tasks, workers)
+        for key, (label, _, _, limit), (plan, ok, violation) in zip(fresh, tasks, planned):
+            made[key] = Point(label, limit, plan, ok, violation)
+
+    def plan_point(task: tuple, each: pipeline.Options) -> tuple[dict, bool, str | None]:
+        label, choice, mode, _ = task
+        result = pipeline.plan_choice(imported, mm, choice, model_path, plans_dir / "plan.json",
+                                      replace(each, recompute=mode), {}, lambda _m: None)
         plan = result.plan
         plan["source_model"] = dict(plan["model"])
-        made[key] = Point(label, limit, plan, *check(plan))
+        return (plan, *check(plan))
 
     def check(plan: dict) -> tuple[bool, str | None]:
         """verify's verdict, on the source model rewritten again from the plan's record"""
@@ -113,11 +132,12 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
             return False, str(v)
         return True, None
 
-    add("keep all", keep_all, "budget", None)
-    add("free", recompute.free(graph, mm), "free", None)
-    add("fewest bytes", fewest, "budget", None)
+    add([("keep all", keep_all, "budget", None), ("free", recompute.free(graph, mm), "free", None),
+         ("fewest bytes", fewest, "budget", None)])
     # bisect the boundary bytes next to the front's points, widest gap first: the limits tried
-    # and the bytes each choice keeps mark where the program has been
+    # and the bytes each choice keeps mark where the program has been. With --jobs N, a round
+    # splits the N widest such gaps (each limit tried is a mark for the next gap's choice) and
+    # plans their choices at once; with one job it is one gap a round.
     marks = {p.plan["recompute"]["kept_bytes"]["after"] for p in made.values()}
     probes = 0
     while probes < PROBES_PER_POINT * points and time.perf_counter() < deadline:
@@ -125,26 +145,84 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
         if len(front) >= points:
             break
         on_front = {p.plan["recompute"]["kept_bytes"]["after"] for p in front}
-        ordered = sorted(marks)
-        gaps = [(hi - lo, lo, hi) for lo, hi in zip(ordered, ordered[1:])
-                if hi - lo > options.alignment and (lo in on_front or hi in on_front)]
-        if not gaps:
+        batch, gaps = [], []
+        # as many gaps as jobs, even with fewer points missing: a second core plans the spare one meanwhile
+        for _ in range(min(max(options.jobs, 1), PROBES_PER_POINT * points - probes)):
+            ordered = sorted(marks)
+            gaps = [(hi - lo, lo, hi) for lo, hi in zip(ordered, ordered[1:])
+                    if hi - lo > options.alignment and (lo in on_front or hi in on_front)]
+            if not gaps:
+                break
+            _, lo, hi = max(gaps)
+            limit = (lo + hi) // 2
+            marks.add(limit)
+            probes += 1
+            say(f"choosing the fewest FLOPs that keep at most {limit} bytes")
+            ilp_deadline = time.perf_counter() + pipeline.BUDGET_ILP_SHARE * max(deadline - time.perf_counter(), 1.0)
+            choice = recompute.within(fewest, limit, ilp_deadline, options.solver)
+            if choice is not None:
+                marks.add(choice.kept_bytes)
+                batch.append((f"boundary ≤ {format_bytes(limit)}", choice, "budget", limit))
+        if not batch and not gaps:
             break
-        _, lo, hi = max(gaps)
-        limit = (lo + hi) // 2
-        marks.add(limit)
-        probes += 1
-        say(f"choosing the fewest FLOPs that keep at most {limit} bytes")
-        ilp_deadline = time.perf_counter() + pipeline.BUDGET_ILP_SHARE * max(deadline - time.perf_counter(), 1.0)
-        choice = recompute.within(fewest, limit, ilp_deadline, options.solver)
-        if choice is not None:
-            marks.add(choice.kept_bytes)
-            add(f"boundary ≤ {format_bytes(limit)}", choice, "budget", limit)
+        add(batch)
     front, dominated = front_of(verified(made))
     return {"model": str(model_path), "dims": options.dims, "points": [p.record() for p in front],
             "dominated": [p.record() for p in dominated],
             "unverified": [p.record() for p in made.values() if not p.verified], "probes": probes,
             "seconds": time.perf_counter() - start, "plans": [p.plan for p in front]}
+
+
+def parallel_map(work, tasks: list, workers: int) -> list:
+    """[work(t) for t in tasks], in `workers` forked processes when more than one (and fork
+    exists): each task's answer comes back through a pipe, in order. A process that fails or
+    dies without an answer costs its time only: that task is then done here."""
+    if workers <= 1 or len(tasks) <= 1 or "fork" not in mp.get_all_start_methods():
+        return [work(t) for t in tasks]
+    answers: list = [None] * len(tasks)
+    done = [False] * len(tasks)
+    queue = list(range(len(tasks)))
+    ctx = mp.get_context("fork")
+    running = []  # (task index, process, receiving end)
+
+    def start(k: int) -> None:
+        receive, send = ctx.Pipe(duplex=False)
+
+        def child():
+            try:
+                send.send(("value", work(tasks[k])))
+            except BaseException as e:  # answered, so that the parent does not wait for nothing
+                try:
+                    send.send(("failed", repr(e)))
+                except OSError:
+                    pass
+
+        process = ctx.Process(target=child, name=f"roam-point-{k}")
+        process.start()
+        send.close()
+        running.append((k, process, receive))
+
+    try:
+        while queue or running:
+            while queue and len(running) < workers:
+                start(queue.pop(0))
+            ready = mp_connection.wait([r for _, _, r in running])
+            for k, process, receive in [x for x in running if x[2] in ready]:
+                try:
+                    kind, answer = receive.recv()
+                except (EOFError, OSError):
+                    kind, answer = "failed", None
+                if kind == "value":
+                    answers[k], done[k] = answer, True
+                process.join()
+                receive.close()
+                running.remove((k, process, receive))
+    finally:
+        for _, process, receive in running:
+            process.terminate()
+            process.join()
+            receive.close()
+    return [answers[k] if done[k] else work(tasks[k]) for k in range(len(tasks))]
 
 
 def verified(made: dict) -> list[Point]:
@@ -182,12 +260,13 @@ def offload_front(model_path: Path, options: pipeline.Options, points: int, say=
     def plan_model(i, m, o, given=None):
         return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, given)
 
-    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [])
+    memo: dict = {}  # the fixed policies' plans, made once for both calls
+    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [], memo)
     keep = next(c.device_bytes for c in fixed if c.policy == "keep")
     floor = offload_policies.working_set(imported.graph, mm)[0]
     spread = [keep * (points - k) // points for k in range(1, points)]
     budgets = sorted({b for b in spread + [c.device_bytes - options.alignment for c in fixed] if b >= floor})
-    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets)
+    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets, memo)
     rows = [{"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,
              "energy_joules": c.estimate.energy_joules, "transfers": len(c.transfers)} for c in candidates]
     front = []

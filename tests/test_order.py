@@ -3,6 +3,7 @@ against ONNX Runtime itself, XLA-style greedy), ilp-global, and roam's guarantee
 
 import json
 import random
+import time
 
 import numpy as np
 import onnx
@@ -248,3 +249,19 @@ def test_the_sample_full_step_is_proven_optimal_within_the_leaf_budgets(tmp_path
     default = pipeline.run(step, tmp_path / "default.json", pipeline.Options(layout="roam")).plan
     assert default["stats"]["order"]["gap"] == 0.001
     assert 1_047_296 <= default["peak_live_bytes"] <= 1_047_296 * 1.001
+
+
+def test_the_search_stops_once_the_peak_reaches_a_target():
+    # the repair case above: the list order peaks at 112 B, the best at 111 B (x, a, c, s, d)
+    problem = Problem(((), (0,), (), (0, 2), (1, 3)),
+                      (Buffer(10, (0,), (1, 3)), Buffer(1, (1,), (4,)), Buffer(100, (2,), (3,)), Buffer(1, (3,), (4,))))
+
+    def search(target):
+        stats = roam_mod.Stats()
+        found = roam_mod.Search(problem, bounds.Bound(problem, *reachability(problem)), [0, 1, 2, 3, 4],
+                                time.perf_counter() + 60, 1, None, stats, lambda m: None, 0.0, target).run()
+        return found, peak(problem, found), stats.at_target
+
+    assert search(None) == ([0, 2, 3, 1, 4], 111, False)
+    assert search(112) == ([0, 1, 2, 3, 4], 112, True)  # the start fits 112 B: nothing is searched
+    assert search(111) == ([0, 2, 3, 1, 4], 111, False)  # the repair's 111 B meets the bound: proven first

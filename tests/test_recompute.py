@@ -663,3 +663,23 @@ def test_a_chain_of_copies_thousands_deep_is_rewritten(tmp_path):
     assert copies == [added_name for added_name in copies if added_name in added] + ["abs"]
     assert [added[c] for c in copies[:-1]] == [f"neg{k}" for k in range(n)]
     assert rewritten.graph.nodes[-1].inputs == (renamed[f"v{n - 1}"],)
+
+
+def test_a_plan_stopped_at_the_budget_that_does_not_fit_is_made_again_searched_to_its_end():
+    from dataclasses import replace as dc_replace
+    from types import SimpleNamespace
+
+    from roam_cli import pipeline
+
+    made = []
+
+    def make(options):  # persistent 100 B; the stopped search's arena 60 B (fragmented past its peak), else 40 B
+        made.append(options.stop_at_budget)
+        stopped = options.stop_at_budget
+        return SimpleNamespace(plan={"persistent_bytes": 100, "arena_bytes": 60 if stopped else 40,
+                                     "stats": {"order": {"stopped_at_target": stopped}}})
+
+    options = dc_replace(pipeline.Options(), budget=150, stop_at_budget=True)
+    assert pipeline.plan_to_fit(make, options).plan["arena_bytes"] == 40 and made == [True, False]
+    made.clear()
+    assert pipeline.plan_to_fit(make, dc_replace(options, budget=160)).plan["arena_bytes"] == 60 and made == [True]

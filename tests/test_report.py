@@ -146,3 +146,17 @@ def test_verify_json(sample_plan):
     placed = sum(1 for t in plan["tensors"] if t["offset"] is not None)
     assert r.code == 0 and r.json() == {"ok": True, "nodes": len(plan["order"]), "placed": placed,
                                         "arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"]}
+
+
+def test_the_order_line_says_when_the_search_stopped_because_the_plan_fit_the_budget():
+    # --recompute budget: peak 110 B against a bound of 100 B, the search stopped at its target of
+    # 120 B (the budget less the persistent bytes)
+    stats = {"lower_bound_bytes": 100, "proven_optimal": False, "gap": 0.001, "target_bytes": 120,
+             "stopped_at_target": True}
+    b = order_bound({"peak_live_bytes": 110, "stats": {"order": stats}})
+    assert b["stop_target_bytes"] == 120 and "stop_gap" not in b
+    assert order_bound_line(b) == ("within 10.0% of optimal (bound 100 B; the search stopped once the peak fit the "
+                                   "budget (at most 120 B besides the persistent bytes))")
+    # a search that met its bound says so, whatever stopped it
+    b = order_bound({"peak_live_bytes": 100, "stats": {"order": stats}})
+    assert order_bound_line(b) == "proven optimal (bound 100 B)"

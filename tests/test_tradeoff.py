@@ -69,8 +69,12 @@ def test_a_reference_mark_takes_a_share_or_a_count_of_the_step():
 def swept(tmp_path_factory):
     d = tmp_path_factory.mktemp("exps")
     src = exps(d / "exps.onnx")
+    # first-fit: every choice's peak of live bytes on this step is within 1 KiB of the others'
+    # (132,352 B keeping every e_i, 131,328 B recomputing them all), so tradeoff's default layout,
+    # which reaches the peak, gives a flat front of 5 points; first-fit's arena grows with the bytes
+    # kept, which spreads the choices into the 8 points the checks below need
     r = roam("tradeoff", src, "-o", d / "front.json", "--points", "8", "--plans", d / "plans", "--plot", d / "pictures",
-             "--mark", "eager=400KiB", "--mark", "checkpointing=300KiB@25%")
+             "--mark", "eager=400KiB", "--mark", "checkpointing=300KiB@25%", "--layout", "first-fit")
     assert r.code == 0, r.err
     return d, src, json.loads((d / "front.json").read_text())
 
@@ -172,3 +176,22 @@ def test_a_graph_without_a_backward_or_a_missing_file_or_the_input_as_output_is_
     r = roam("tradeoff", src, "-o", src)
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["fwd.onnx"]
+
+
+# --- planning points at once ----------------------------------------------------------------------
+
+def test_points_planned_at_once_come_back_in_order_and_a_dead_process_s_point_is_planned_here():
+    import os
+
+    from roam_cli.tradeoff import parallel_map
+
+    parent = os.getpid()
+
+    def work(t):
+        if t == 3 and os.getpid() != parent:
+            os._exit(1)  # a worker that dies without an answer
+        return t * t
+
+    assert parallel_map(work, [1, 2, 3, 4, 5], 2) == [1, 4, 9, 16, 25]
+    assert parallel_map(work, [3], 2) == [9]  # one task: no process
+    assert parallel_map(work, [1, 2, 3], 1) == [1, 4, 9]

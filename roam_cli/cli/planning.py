@@ -275,6 +275,8 @@ def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: di
               help="A reference point for the picture, e.g. 'PyTorch eager=3.5GiB' or 'checkpointing=2.3GiB@23.3%' "
                    "(extra FLOPs as a count or a share of the step; repeatable).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Bind a symbolic dimension (repeatable).")
+@click.option("--layout", "layout_strategy", default=layout.STRATEGIES[0], show_default=True,
+              type=click.Choice(layout.STRATEGIES), help="Layout strategy of every point's plan (optimize's default).")
 @click.option("--time-limit", type=SECONDS, default=None,
               help="Seconds for the whole sweep, shared by its plans (default: 60 per point).")
 @click.option("--solver", type=click.Choice(milp.SOLVERS), default="cbc", show_default=True,
@@ -287,8 +289,8 @@ def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: di
               help=f"Device profile of --offload's estimates [default: {cost_profile.DEFAULT}].")
 @click.option("--json", "as_json", is_flag=True, help="Print front.json's points as JSON.")
 @click.pass_obj
-def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, time_limit, solver, jobs, offload,
-             device_profile, as_json):
+def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, layout_strategy, time_limit, solver,
+             jobs, offload, device_profile, as_json):
     """The memory / extra-FLOPs front of the training step MODEL: plans from keeping every
     forward value through `--recompute free` to the most recomputation roam can plan, each
     verified; dominated plans dropped, so that less memory always costs more FLOPs.
@@ -308,7 +310,7 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, t
             raise RoamError("--offload's front is written as front.json and printed: leave out --plans, --plot and --mark")
         if device_profile is not None:
             cost_profile.load(device_profile)
-        options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), layout=layout.STRATEGIES[0],
+        options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), layout=layout_strategy,
                                    time_limit=time_limit, jobs=jobs, solver=solver, offload=offload, device=device_profile)
         with Progress(obj["quiet"]) as progress:
             front = tradeoff_mod.offload_front(model, options, points, progress)
@@ -335,7 +337,9 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, t
         check_output_folder(plot_dir, front_plot.picture_paths(plot_dir), [model, front_path])
     if plans_dir is not None:
         check_output_folder(plans_dir, [plans_dir / plan_name(k) for k in range(points)], [model, front_path])
-    options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), time_limit=time_limit, jobs=jobs, solver=solver)
+    # each point planned as optimize plans it: its default layout too (the first-fit of Options, before)
+    options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), layout=layout_strategy, time_limit=time_limit,
+                               jobs=jobs, solver=solver)
     with Progress(obj["quiet"]) as progress:
         front = tradeoff_mod.sweep(model, options, points, plans_dir or front_path.parent, progress)
     plans = front.pop("plans")

@@ -49,12 +49,15 @@ class Candidate:
                 "estimate": self.estimate.as_dict()}
 
 
-def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, budgets: list[int]
-          ) -> tuple[list[Candidate], profile_mod.Profile]:
+def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, budgets: list[int],
+          memo: dict | None = None) -> tuple[list[Candidate], profile_mod.Profile]:
     """Every candidate planned: the fixed policies, and for each budget the placements grown to fit
     it from each base (bases), but those whose plan is already slower than one that fits.
     `plan_model(imported, mm, options[, given])` orders and lays out a graph and returns the
-    pipeline's Result. A placement is planned once, however many budgets grow through it."""
+    pipeline's Result. A placement is planned once, however many budgets grow through it; `memo`
+    (a dict, empty at first) carries the plans and the recomputed graphs to a later call with the
+    same model and options, which plans only what that one did not."""
+    memo = {} if memo is None else memo
     profile = profile_mod.load(options.device or profile_mod.DEFAULT)
     if options.objective not in OBJECTIVES:
         raise RoamError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
@@ -66,7 +69,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         raise CheckFailed(f"--budget {min(budgets)} bytes is below node {node!r}'s working set: {floor} bytes of its "
                           "inputs and outputs are on the device at once, wherever the rest lives")
     each = replace(options, time_limit=None if options.time_limit is None else max(options.time_limit / 12, 1.0))
-    made: dict[tuple, Candidate] = {}
+    made: dict[tuple, Candidate] = memo.setdefault("made", {})
 
     def planned(policy: str, source: Imported, source_mm: memory.MemoryModel, placement: Placement,
                 recomputing: dict | None = None) -> Candidate:
@@ -90,9 +93,11 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         return made[key]
 
     graph = imported.graph
-    fewest = recompute.fewest_bytes(graph, mm)
-    recomputed, recompute_record = recompute.apply(imported, mm, fewest, "budget")
-    recomputed_mm = memory.build(recomputed.graph, options.alignment, options.inplace, options.loss)
+    if "fewest" not in memo:  # the same objects on every call: a plan is remembered by its source's id
+        recomputed, recompute_record = recompute.apply(imported, mm, recompute.fewest_bytes(graph, mm), "budget")
+        memo["fewest"] = recomputed, recompute_record, memory.build(recomputed.graph, options.alignment,
+                                                                    options.inplace, options.loss)
+    recomputed, recompute_record, recomputed_mm = memo["fewest"]
     candidates = [
         planned("keep", imported, mm, Placement(slow)),
         planned("save_on_cpu", imported, mm, policies.save_on_cpu(graph, mm, slow)),
@@ -102,9 +107,10 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
     ]
     if not budgets:
         return candidates, profile
-    free = recompute.free(graph, mm)
-    cheap, cheap_record = recompute.apply(imported, mm, free, "free")
-    cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
+    if "free" not in memo:
+        cheap, cheap_record = recompute.apply(imported, mm, recompute.free(graph, mm), "free")
+        memo["free"] = cheap, cheap_record, memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
+    cheap, cheap_record, cheap_mm = memo["free"]
     # the placements grown, each on the graph as it is and with `free` recomputation: forward values
     # offloaded from each placement (None: the optimizer on the device; False: ZeRO-Offload's;
     # True: every persistent byte on the host), and parameters' updates moved to the host one

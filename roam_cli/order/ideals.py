@@ -59,6 +59,7 @@ class Space:
         n = problem.n
         self.n = n
         self.problem = problem
+        self.c_arguments: tuple | None = None  # below_c's arguments that do not change with the limit
         self.pred_mask = [sum(1 << u for u in ps) for ps in problem.preds]
         self.sizes = [b.bytes for b in problem.buffers]
         self.alloc_mask = [sum(1 << a for a in b.alloc) for b in problem.buffers]
@@ -146,16 +147,24 @@ def csr(rows) -> tuple[array, array]:
 
 
 def bits(mask: int) -> list[int]:
-    return [v for v in range(mask.bit_length()) if mask >> v & 1]
+    """The set bits of mask, ascending (one step per set bit, not per bit)."""
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
 
 
 def below_c(space: Space, limit: int, budget: int, deadline: float) -> tuple[list[int] | None, int]:
     """`below_python` in C: (an order whose every step is at most `limit` or None, sets visited)."""
     p = space.problem
-    status, visited, found = _ideals.below(
-        p.n, len(p.buffers), *csr(p.preds), *csr(p.succs), *csr(space.touches), *csr(bits(m) for m in space.near),
-        array("q", space.sizes), *csr(b.alloc for b in p.buffers), *csr(b.readers for b in p.buffers),
-        array("q", space.to_end), space.start_live, limit, budget, max(deadline - time.perf_counter(), 0.0))
+    if space.c_arguments is None:  # the problem's arrays, made once for every limit solve() tries
+        space.c_arguments = (
+            p.n, len(p.buffers), *csr(p.preds), *csr(p.succs), *csr(space.touches), *csr(bits(m) for m in space.near),
+            array("q", space.sizes), *csr(b.alloc for b in p.buffers), *csr(b.readers for b in p.buffers),
+            array("q", space.to_end), space.start_live)
+    status, visited, found = _ideals.below(*space.c_arguments, limit, budget, max(deadline - time.perf_counter(), 0.0))
     if status < 0:
         raise Budget(visited)
     return found, visited

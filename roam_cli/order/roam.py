@@ -58,6 +58,7 @@ class Stats:
     shapes_solved: int = 0
     shapes_reused: int = 0
     proven_optimal: bool = False
+    at_target: bool = False  # the search stopped because the peak reached the caller's target
 
 
 def solve_leaf(leaf: Leaf) -> tuple[list[int], bool]:
@@ -88,9 +89,10 @@ def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[in
 
 
 def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1,
-          progress=None, gap: float = 0.0) -> tuple[list[int], Stats]:
+          progress=None, gap: float = 0.0, target: int | None = None) -> tuple[list[int], Stats]:
     """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`).
-    The search stops at the deadline, or once the peak is within `gap` (a fraction) of the bound."""
+    The search stops at the deadline, once the peak is within `gap` (a fraction) of the bound, or
+    once it is at most `target` bytes (what a caller needs, such as a budget; None: no target)."""
     say = progress or (lambda message: None)
     stats = Stats()
     say("roam: applying the reduction rules")
@@ -115,7 +117,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap)
+        search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target)
         best = search.run()
     return red.expand(best), stats
 
@@ -124,8 +126,9 @@ class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
     def __init__(self, rp: Problem, bound: bounds.Bound, start: list[int], deadline: float,
-                 jobs: int, pool, stats: Stats, say, gap: float = 0.0):
+                 jobs: int, pool, stats: Stats, say, gap: float = 0.0, target: int | None = None):
         self.rp, self.bound, self.current, self.deadline, self.gap = rp, bound, start, deadline, gap
+        self.target = target
         self.jobs, self.pool, self.stats, self.say = jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
@@ -143,6 +146,9 @@ class Search:
             steps = profile(rp, self.current)
             top = max(steps, default=0)
             if top <= bounds.within_gap(stats.lower_bound, self.gap):
+                break
+            if self.target is not None and top <= self.target:
+                stats.at_target = True
                 break
             if self.repair():
                 continue

@@ -240,6 +240,8 @@ def order_bound(plan: dict) -> dict | None:
              "gap": 0.0 if proven or not bound else peak / bound - 1}
     if stats.get("gap") and not proven and found["gap"] <= stats["gap"]:  # --gap stopped the search there
         found["stop_gap"] = stats["gap"]  # (not the time limit, which --gap's default can leave further off)
+    if stats.get("stopped_at_target") and not proven:  # --recompute budget: the plan fit, the search stopped
+        found["stop_target_bytes"] = stats["target_bytes"]
     return found
 
 
@@ -252,6 +254,9 @@ def order_bound_line(b: dict) -> str:
     if b["proven_optimal"]:
         return f"proven optimal (bound {format_bytes(b['lower_bound_bytes'])})"
     stop = f"; the search stopped within --gap {share(b['stop_gap'])}" if "stop_gap" in b else ""
+    if "stop_target_bytes" in b:
+        stop += (f"; the search stopped once the peak fit the budget (at most "
+                 f"{format_bytes(b['stop_target_bytes'])} besides the persistent bytes)")
     return f"within {share(b['gap'])} of optimal (bound {format_bytes(b['lower_bound_bytes'])}{stop})"
 
 
