@@ -1,5 +1,7 @@
 """Layout strategies: validity on random instances, the roam engine's guarantees, capacity."""
 
+import importlib
+import itertools
 import random
 
 import pytest
@@ -7,6 +9,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from roam_cli import layout
+from roam_cli.layout import heuristics
 from roam_cli.layout.roam import split_components
 from roam_cli.layout.search import CanonicalSearch, SearchAborted, sections_of
 
@@ -318,3 +321,31 @@ def test_c_overlaps_are_the_python_references():
     # hand-checked: [0,2) meets [1,3); [1,3) meets both; [2,4) meets [1,3) only (half-open)
     starts, ovl = (array("q", a) for a in _search.overlaps(array("q", [0, 1, 2]), array("q", [2, 3, 4])))
     assert list(starts) == [0, 1, 3, 4] and list(ovl) == [1, 0, 2, 1]
+
+
+@pytest.mark.skipif(heuristics._search is None, reason="the C extension is not built (ROAM_NO_EXTENSIONS=1)")
+def test_the_heuristics_loop_in_c_places_what_its_numpy_reference_places():
+    first_fit_module = importlib.import_module("roam_cli.layout.first_fit")
+    rng = random.Random(3)
+    for trial in range(1000):
+        buffers = []
+        for _ in range(rng.randint(0, 30)):
+            lo = rng.randint(0, 20)  # empty and reversed lifetimes, zero sizes and ties included
+            buffers.append((lo, lo + rng.randint(-1, 8), rng.choice([0, 1, 2, 3, 5, 8, 256])))
+        order = list(range(len(buffers)))
+        rng.shuffle(order)
+        for smallest_gap, heap_gap in itertools.product((True, False), repeat=2):
+            assert (heuristics._place_in_order(buffers, order, smallest_gap, heap_gap)
+                    == heuristics._place_in_order_numpy(buffers, order, smallest_gap, heap_gap)), trial
+        by_lower = sorted(range(len(buffers)), key=lambda i: (buffers[i][0], i))
+        assert first_fit_module.first_fit(buffers) == first_fit_module.first_fit_scan(buffers, by_lower), trial
+
+
+def test_first_fit_and_best_fit_by_hand():
+    # a: [0, 4) 4 B, b: [0, 2) 2 B, c: [2, 4) 2 B, d: [1, 3) 3 B. First fit by lower: a at 0, b at 4,
+    # d (overlaps a and b) at 6, c (overlaps a and d; b has ended) in the gap [4, 6) below d.
+    buffers = [(0, 4, 4), (0, 2, 2), (2, 4, 2), (1, 3, 3)]
+    assert importlib.import_module("roam_cli.layout.first_fit").first_fit(buffers) == [0, 4, 4, 6]
+    # best fit, largest first: a 0, d 4 (on a), b and c 2 B each: b overlaps a and d, on top at 7;
+    # c overlaps a, d: the heap's top (9) is above d's top (7): 2 B fit there, the smallest gap
+    assert heuristics.best_fit(buffers) == [0, 7, 7, 4]

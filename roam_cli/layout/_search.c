@@ -591,9 +591,95 @@ done:
     return result;
 }
 
+/* ---- the placement heuristics' loop (heuristics.py's _place_in_order, the same placements) ---- */
+
+/* place_in_order(lowers, uppers, sizes, order, smallest_gap, heap_gap) -> offsets (int64 bytes):
+ * each buffer of `order` in the smallest (or the lowest) gap among the placed buffers whose
+ * lifetimes overlap its own, else on top of them; with heap_gap the chunk between their top and
+ * the top of everything placed is a gap too. The placed buffers are kept sorted by offset (equal
+ * offsets in the order placed, as the reference's stable sort has them), so each buffer is one
+ * scan of them, without sorting. */
+static PyObject *place_in_order(PyObject *self, PyObject *args) {
+    Py_buffer lo_buf, hi_buf, size_buf, order_buf;
+    int smallest_gap, heap_gap;
+    if (!PyArg_ParseTuple(args, "y*y*y*y*pp", &lo_buf, &hi_buf, &size_buf, &order_buf, &smallest_gap, &heap_gap))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t n = lo_buf.len / 8, m = order_buf.len / 8;
+    const i64 *lowers = lo_buf.buf, *uppers = hi_buf.buf, *sizes = size_buf.buf, *order = order_buf.buf;
+    i64 *plo = malloc((size_t)(n + 1) * 8), *phi = malloc((size_t)(n + 1) * 8), *poff = malloc((size_t)(n + 1) * 8),
+        *ptop = malloc((size_t)(n + 1) * 8);
+    if (hi_buf.len != lo_buf.len || size_buf.len != lo_buf.len) {
+        PyErr_SetString(PyExc_ValueError, "_search.place_in_order: lowers, uppers and sizes differ in length");
+        goto done;
+    }
+    if (!plo || !phi || !poff || !ptop) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    for (Py_ssize_t k = 0; k < m; ++k)
+        if (order[k] < 0 || order[k] >= n) {
+            PyErr_SetString(PyExc_ValueError, "_search.place_in_order: order names a buffer out of range");
+            goto done;
+        }
+    result = PyBytes_FromStringAndSize(NULL, n * 8);
+    if (!result) goto done;
+    i64 *offsets = (i64 *)PyBytes_AS_STRING(result);
+    memset(offsets, 0, (size_t)n * 8);
+    Py_ssize_t placed = 0;
+    i64 heap = 0;
+    for (Py_ssize_t k = 0; k < m; ++k) {
+        i64 i = order[k], lo = lowers[i], hi = uppers[i], size = sizes[i];
+        if (size <= 0 || hi <= lo) continue;
+        /* the gaps below each overlapping buffer, by offset: from the highest top below it */
+        i64 start = 0, best_start = -1, best_len = 0;
+        int overlapped = 0;
+        for (Py_ssize_t j = 0; j < placed; ++j) {
+            if (plo[j] >= hi || phi[j] <= lo) continue;
+            overlapped = 1;
+            i64 len = poff[j] - start;
+            if (len >= size && (best_start < 0 || (smallest_gap && len < best_len))) {
+                best_start = start, best_len = len;
+                if (!smallest_gap) break;
+            }
+            if (ptop[j] > start) start = ptop[j];
+        }
+        i64 off = 0;
+        if (overlapped && (smallest_gap || best_start < 0)) {
+            i64 top = start; /* the tops of every overlapping buffer: the scan ran to the end */
+            if (heap_gap && heap - top >= size && (best_start < 0 || (smallest_gap && heap - top < best_len)))
+                best_start = top;
+            off = best_start >= 0 ? best_start : top;
+        } else if (overlapped) {
+            off = best_start;
+        }
+        offsets[i] = off;
+        Py_ssize_t at = placed; /* after the placed buffers at or below `off` */
+        {
+            Py_ssize_t a = 0, b = placed;
+            while (a < b) {
+                Py_ssize_t mid = (a + b) / 2;
+                if (poff[mid] <= off) a = mid + 1; else b = mid;
+            }
+            at = a;
+        }
+        memmove(plo + at + 1, plo + at, (size_t)(placed - at) * 8);
+        memmove(phi + at + 1, phi + at, (size_t)(placed - at) * 8);
+        memmove(poff + at + 1, poff + at, (size_t)(placed - at) * 8);
+        memmove(ptop + at + 1, ptop + at, (size_t)(placed - at) * 8);
+        plo[at] = lo, phi[at] = hi, poff[at] = off, ptop[at] = off + size, ++placed;
+        if (off + size > heap) heap = off + size;
+    }
+done:
+    free(plo), free(phi), free(poff), free(ptop);
+    PyBuffer_Release(&lo_buf), PyBuffer_Release(&hi_buf), PyBuffer_Release(&size_buf), PyBuffer_Release(&order_buf);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"run", run, METH_VARARGS, "The canonical layout search (see roam_cli/layout/search.py)."},
     {"overlaps", overlaps, METH_VARARGS, "The overlaps of buffers in time (see search.py's overlaps_of)."},
+    {"place_in_order", place_in_order, METH_VARARGS, "The placement heuristics' loop (see heuristics.py)."},
     {NULL, NULL, 0, NULL},
 };
 
