@@ -63,6 +63,18 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> tuple[int,
     n = problem.n
     total = np.full(n, problem.base, dtype=np.int64)
     everyone = (1 << n) - 1
+    width = (n + 7) // 8
+    rows: list[bytes] = []  # the surely-live sets not yet added, packed, and their buffers' bytes
+    weights: list[int] = []
+
+    def add() -> None:
+        """total += the bytes of each pending buffer at each of its steps: one product of the rows
+        (a 405B-class step's 30,000 sets of 45,000 nodes, 256 at a time), not a call per buffer."""
+        packed = np.frombuffer(b"".join(rows), dtype=np.uint8).reshape(len(rows), width)
+        bits = np.unpackbits(packed, axis=1, bitorder="little")[:, :n]
+        total[:] += np.asarray(weights, dtype=np.int64) @ bits
+        rows.clear(), weights.clear()
+
     for buf in problem.buffers:
         after = everyone
         if buf.alloc:
@@ -76,7 +88,12 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> tuple[int,
                 before |= anc[r] | 1 << r
         surely = after & before
         if surely:
-            total[members(surely, n)] += buf.bytes
+            rows.append(surely.to_bytes(width, "little"))
+            weights.append(buf.bytes)
+            if len(rows) == 256:
+                add()
+    if rows:
+        add()
     entered = sum(b.bytes for b in problem.buffers if not b.alloc)
     staying = sum(b.bytes for b in problem.buffers if b.to_end)
     densest = int(total.argmax()) if n else None
