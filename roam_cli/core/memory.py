@@ -167,20 +167,13 @@ def declared_pairs(graph: Graph, extra: dict[str, str]) -> dict[str, str]:
     return pairs
 
 
-def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = None,
-          loss: str | None = None, order: list[int] | None = None) -> MemoryModel:
-    """The memory model of `graph`. With `order` (node indices, the order it runs in), ONNX
-    Runtime's in-place kernels are joined where that order lets them (see kernels_in_place)."""
-    if alignment <= 0:
-        raise RoamError(f"--alignment must be positive, got {alignment}")
+def sharing(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None = None):
+    """Which names share storage: (storage_of, alias, writes_into, pairs, find, overwritten) —
+    name -> the name whose storage it uses, each such name's kind of sharing, node -> the state it
+    overwrites in place, the declared update pairs, find(name) -> (its storage's root, the links to
+    it), and the kernel outputs written into their input where `order` lets ONNX Runtime (all that
+    `order` changes in a memory model: kernel_joins)."""
     nodes = graph.nodes
-    notes: list[str] = []
-    tensor_bytes = {name: aligned(v.nbytes, alignment) for name, v in graph.values.items()}
-    if sum(tensor_bytes.values()) >= 2**63:  # bounds every byte count a plan can hold
-        raise RoamError(f"the model's tensors total {sum(tensor_bytes.values())} bytes, more than a "
-                        "64-bit size can hold")
-
-    # --- storage sharing: views, in-place ops, declared update pairs -------------------------
     storage_of: dict[str, str] = {}
     alias: dict[str, str] = {}
     # name -> (an ancestor along storage_of, the links to it), left by each walk (path compression):
@@ -225,11 +218,40 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         storage_of[r] = state
         alias[r] = "inplace"
         writes_into.setdefault(graph.producer[r], []).append(state)
+    overwritten = kernels_in_place(graph, storage_of, find, folded_values(graph), order)  # joined as found
+    alias.update(dict.fromkeys(overwritten, "inplace"))
+    return storage_of, alias, writes_into, pairs, find, overwritten
+
+
+def kernel_joins(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None) -> dict[str, str]:
+    """The kernel outputs ONNX Runtime writes into their input when the graph runs in `order`:
+    where they are those without an order, build(..., order) is build(...) (a 405B-class step's
+    memory model takes seconds; this, a fraction of them)."""
+    return sharing(graph, inplace, order)[5]
+
+
+def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = None,
+          loss: str | None = None, order: list[int] | None = None) -> MemoryModel:
+    """The memory model of `graph`. With `order` (node indices, the order it runs in), ONNX
+    Runtime's in-place kernels are joined where that order lets them (see kernels_in_place)."""
+    if alignment <= 0:
+        raise RoamError(f"--alignment must be positive, got {alignment}")
+    nodes = graph.nodes
+    notes: list[str] = []
+    tensor_bytes = {name: aligned(v.nbytes, alignment) for name, v in graph.values.items()}
+    if sum(tensor_bytes.values()) >= 2**63:  # bounds every byte count a plan can hold
+        raise RoamError(f"the model's tensors total {sum(tensor_bytes.values())} bytes, more than a "
+                        "64-bit size can hold")
+
+    # --- storage sharing: views, in-place ops, declared update pairs, in-place kernels ----------
+    storage_of, alias, writes_into, pairs, find, overwritten = sharing(graph, inplace, order)
+
+    def root(name: str) -> str:
+        return find(name)[0]
+
+    folded = folded_values(graph)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
-    folded = folded_values(graph)
-    overwritten = kernels_in_place(graph, storage_of, find, folded, order)  # joined into storage_of as found
-    alias.update(dict.fromkeys(overwritten, "inplace"))
     if overwritten:
         notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
 
