@@ -31,14 +31,14 @@ sdpa); the dynamo exporter's default optimisation (it reads every weight it migh
 which ORT's gradient builder has no gradient). The variants: `suffix` (the base: LLaMA-2-70B's
 shape, one key/value head per head, 1 × 512, outputs `<state>.new`), `metadata`, `artifacts`,
 `gqa` (8 key/value heads), `4x2048` (batch 4 × 2,048), `llama3` (8 key/value heads and LLaMA-3's
-128,256-token vocabulary). Planned as `scale.py` plans:
-`roam optimize STEP --jobs 2 --recompute MODE --gap G` under `/usr/bin/time -v`, then `roam verify`."""
+128,256-token vocabulary). Planned as `scale.py` plans: `roam optimize STEP --jobs 2 --recompute MODE --gap G` under
+`/usr/bin/time -v`, then `roam verify`; by default `--recompute off --gap 0` (the order proven
+optimal) and `--recompute free --gap 0.01` (the targets' settings)."""
 
 from __future__ import annotations
 
 import argparse
 import datetime
-import itertools
 import json
 import os
 import platform
@@ -269,8 +269,7 @@ def main(argv=None) -> int:
     ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny) or SIZE-VARIANT")
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
-    ap.add_argument("--modes", default="off,free")
-    ap.add_argument("--gaps", default="0.01")
+    ap.add_argument("--runs", default="off:0,free:0.01", help="comma-separated RECOMPUTE:GAP plans of each step")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--plans", type=Path)
     ap.add_argument("--json", dest="json_out", type=Path)
@@ -296,7 +295,7 @@ def main(argv=None) -> int:
             if not step.exists():
                 print(f"| {size}-{name} | not made (see --build) |", flush=True)
                 continue
-            for mode, gap in itertools.product(args.modes.split(","), args.gaps.split(",")):
+            for mode, gap in (run.split(":") for run in args.runs.split(",")):
                 r = plan(f"{size}-{name}", step, folder, mode, args.jobs, gap)
                 rows.append(r | {"step": f"{size}-{name}", "variant": asdict(VARIANTS[name])})
                 print(row_md(f"{size}-{name}", r), flush=True)
