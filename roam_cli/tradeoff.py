@@ -179,8 +179,8 @@ def offload_front(model_path: Path, options: pipeline.Options, points: int, say=
     imported = import_model(model_path, options.dims, options.shapes_from_run)
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
 
-    def plan_model(i, m, o, given=None):
-        return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, given)
+    def plan_model(i, m, o, refine=None):
+        return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, refine)
 
     fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [])
     keep = next(c.device_bytes for c in fixed if c.policy == "keep")

@@ -76,15 +76,15 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         say(f"planning {policy}" + (f", {len(placement.offloaded)} values offloaded" if placement.offloaded else ""))
         rewritten, transfers = rewrite.rewrite(source, source_mm, placement)
         new_mm = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
-        result = plan_model(rewritten, new_mm, each)
+
+        def hoisted(order: list[int]) -> tuple[list[int], dict]:
+            """the fetches moved earlier, before the order is laid out (laid out once)"""
+            early = prefetch.hoist(rewritten.graph, new_mm, order, profile)
+            return early, {"prefetch_moved_steps": sum(a != b for a, b in zip(order, early))}
+
+        result = plan_model(rewritten, new_mm, each, hoisted)
         index = rewritten.graph.node_index()
         order = [index[name] for name in result.plan["order"]]
-        early = prefetch.hoist(rewritten.graph, new_mm, order, profile)
-        if early != order:
-            stats = {k: v for k, v in result.plan["stats"]["order"].items() if k not in ("strategy", "baselines")}
-            moved = sum(a != b for a, b in zip(order, early))
-            result = plan_model(rewritten, new_mm, each, (early, stats | {"prefetch_moved_steps": moved}))
-            order = [index[name] for name in result.plan["order"]]
         made[key] = Candidate(policy, result, timing.planned(rewritten.graph, new_mm, order, profile),
                               tuple(sorted(placement.offloaded)), transfers, recomputing)
         return made[key]
