@@ -273,9 +273,9 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
                           f"(persistent {least.result.plan['persistent_bytes']} + arena {least.result.plan['arena_bytes']})")
     chosen = min(fitting, key=lambda c: (cost(c, objective), c.device_bytes))
     left = total_seconds(options) - (time.perf_counter() - start)
-    if left > 2 * max(total_seconds(options) / SHARES, 1.0):
-        # the time left searches the chosen placement's order and layout again; the plan kept is
-        # the better of the two (the search starts from the baselines the first started from)
+    if options.time_limit is not None and left > 2 * max(total_seconds(options) / SHARES, 1.0):
+        # what is left of --time-limit searches the chosen placement's order and layout again; the
+        # plan kept is the better of the two (the search starts from the baselines the first did)
         say(f"planning {chosen.policy} again, for the {left:.0f} s left")
         again, estimate = chosen.replan(left)
         if plan_io.needed_bytes(again.plan) <= budget if budget is not None else True:
@@ -316,8 +316,9 @@ def cost_of(estimate: Estimate, objective: str) -> float:
 
 # The planner's searches share --time-limit, or without one a plan alone's default search time
 # (order.DEFAULT_SECONDS): each plan a SHARES-th of it (the fixed policies, the bases, a few rounds
-# grown), and the chosen placement is searched again for what is left, if that is more than two
-# shares (the better of its two plans kept).
+# grown). With --time-limit, the chosen placement is searched again for what is left of it, if
+# that is more than two shares (the better of its two plans kept); without, the plans made are
+# the plans (on a 70B-class step the longer search found the same plan, in three minutes).
 SHARES = 12
 
 
@@ -347,9 +348,11 @@ def grow_updates(planned, start_from: Candidate, source: Imported, source_mm: me
     one. The last plan made is the last of the list."""
     groups = policies.update_groups(source.graph, source_mm)
 
+    readers = policies.readers_of(source.graph, source_mm)
+
     def placement(k: int) -> Placement:
         host = frozenset().union(*(nodes for nodes, _ in groups[:k]))
-        return policies.update_on_host(source.graph, source_mm, slow, False, host)
+        return policies.update_on_host(source.graph, source_mm, slow, False, host, readers)
 
     if device_persistent(source_mm, placement(len(groups))) > budget:
         return []
