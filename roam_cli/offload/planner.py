@@ -12,6 +12,7 @@ bytes (its persistent bytes + its arena) fit the budget. The plan is the
 fitting candidate of the least estimated time (or energy); CheckFailed (exit 1) when none fits,
 naming the least found or the node no placement can fit."""
 
+import multiprocessing as mp
 import time
 from dataclasses import dataclass, replace
 from typing import Any
@@ -42,6 +43,7 @@ class Candidate:
     skipped: str | None = None  # why it was not planned (None: planned)
     least_bytes: int = 0  # no order or layout puts fewer bytes on the device (least_device_bytes)
     replan: Any = None  # seconds -> (result, estimate): planned again with that time limit
+    bounded: bool = False  # least_bytes and floor_seconds computed
     floor_seconds: float | None = None  # no order is estimated faster (timing.floor); None: not computed
 
     @property
@@ -114,8 +116,9 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         if c.floor_seconds is None:
             c.floor_seconds = timing.floor(rewritten.graph, new_mm, profile)
         if limit is not None:
-            say(f"bounding {policy}")
-            c.least_bytes = max(c.least_bytes, least_device_bytes(rewritten.graph, new_mm))
+            if not c.bounded:
+                say(f"bounding {policy}")
+                c.least_bytes, c.bounded = max(c.least_bytes, least_device_bytes(rewritten.graph, new_mm)), True
             if c.least_bytes > limit:
                 c.skipped = (f"not planned: no order or layout puts fewer than {c.least_bytes} bytes on the device "
                              "(persistent + the order's lower bound on live bytes), more than the budget")
@@ -139,6 +142,27 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
 
     graph = imported.graph
     most = max(budgets, default=None)
+    if budgets:
+        free = recompute.free(graph, mm)
+        cheap, cheap_record = recompute.apply(imported, mm, free, "free")
+        cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
+        if options.jobs > 1:  # every fixed policy's and base's bounds at once, half in a process beside
+            fixed = [("zero_offload", "as is", imported, mm, policies.update_on_host(graph, mm, slow, everything=False),
+                      None),
+                     ("all_on_host", "as is", imported, mm, policies.update_on_host(graph, mm, slow, everything=True),
+                      None)]
+            fixed += [(GROWN[everything] + "+free", "free", cheap, cheap_mm,
+                       base_placement(cheap, cheap_mm, slow, everything), cheap_record) for everything in (False, True)]
+            todo = []
+            for policy, graph_name, source, source_mm, placement, record in fixed:
+                c = made.setdefault((graph_name, placement), Candidate(
+                    policy, None, order_free_estimate(source, source_mm, placement, profile),
+                    tuple(sorted(placement.offloaded)), None, record, device_persistent(source_mm, placement)))
+                if not c.planned and not c.bounded and c.persistent_bytes <= most:
+                    todo.append((c, source, source_mm, placement))
+            say(f"bounding {len(todo)} placements")
+            for (c, *_), (least, floor_seconds) in zip(todo, bounds_of([t[1:] for t in todo], options, profile)):
+                c.least_bytes, c.floor_seconds, c.bounded = max(c.persistent_bytes, least), floor_seconds, True
     candidates = [
         planned("keep", "as is", imported, mm, Placement(slow), limit=most),
         planned("save_on_cpu", "as is", imported, mm, policies.save_on_cpu(graph, mm, slow), limit=most),
@@ -162,9 +186,6 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
                                   recompute_record, limit=most))
     if not budgets:
         return candidates, profile
-    free = recompute.free(graph, mm)
-    cheap, cheap_record = recompute.apply(imported, mm, free, "free")
-    cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
     # the placements grown, each on the graph as it is and with `free` recomputation: forward values
     # offloaded from each placement (None: the optimizer on the device; False: ZeRO-Offload's;
     # True: every persistent byte on the host), and parameters' updates moved to the host one
@@ -225,6 +246,55 @@ def least_device_bytes(graph, mm: memory.MemoryModel) -> int:
                  default=0)
     bound = bounds.lower_bound(order_problem.from_memory_model(mm))
     return mm.persistent_bytes + max(bound - joined, 0)
+
+
+def bounds_of(items: list[tuple], options, profile: profile_mod.Profile) -> list[tuple[int, float]]:
+    """(least_device_bytes, timing.floor) of each (source, source_mm, placement) rewritten: with
+    options.jobs > 1 (and fork), every other one in a forked process while this one makes the rest.
+    A process that fails or dies without an answer costs its time only: its share is then made
+    here. The process does not outlive the call."""
+    def one(source: Imported, source_mm: memory.MemoryModel, placement: Placement) -> tuple[int, float]:
+        rewritten, _ = rewrite.rewrite(source, source_mm, placement)
+        m = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
+        return least_device_bytes(rewritten.graph, m), timing.floor(rewritten.graph, m, profile)
+
+    if options.jobs < 2 or len(items) < 2 or "fork" not in mp.get_all_start_methods():
+        return [one(*item) for item in items]
+    theirs = items[1::2]
+    ctx = mp.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        try:
+            answer = ("value", [one(*item) for item in theirs])
+        except BaseException as e:  # answered, so that the parent does not wait for nothing
+            answer = ("failed", repr(e))
+        try:
+            send.send(answer)
+        except OSError:  # the parent has gone: nobody to tell
+            pass
+
+    process = ctx.Process(target=child, name="roam-bounds-beside")
+    process.start()
+    send.close()
+    try:
+        ours = [one(*item) for item in items[0::2]]
+        try:
+            kind, answer = receive.recv()
+        except (EOFError, OSError):
+            kind, answer = "failed", None
+        if kind != "value":
+            answer = [one(*item) for item in theirs]
+    finally:
+        if process.is_alive():
+            process.join(timeout=1.0)
+        if process.is_alive():
+            process.terminate()
+        process.join()
+        receive.close()
+    out = [None] * len(items)
+    out[0::2], out[1::2] = ours, answer
+    return out
 
 
 def least_cost(c: Candidate, objective: str) -> float:
