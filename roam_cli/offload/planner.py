@@ -153,6 +153,14 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
                       None)]
             fixed += [(GROWN[everything] + "+free", "free", cheap, cheap_mm,
                        base_placement(cheap, cheap_mm, slow, everything), cheap_record) for everything in (False, True)]
+            # the first updates' placements grown, where keeping their state on the device cannot fit
+            for graph_name, source, source_mm, record in (("as is", imported, mm, None),
+                                                          ("free", cheap, cheap_mm, cheap_record)):
+                if device_persistent(source_mm, Placement(slow)) > most:
+                    _, placement, lo = fewest_updates(source, source_mm, slow, most)
+                    if lo is not None:
+                        fixed.append((GROWN["updates"] + ("+free" if record else ""), graph_name, source, source_mm,
+                                      placement(lo), record))
             todo = []
             for policy, graph_name, source, source_mm, placement, record in fixed:
                 c = made.setdefault((graph_name, placement), Candidate(
@@ -416,23 +424,9 @@ def grow_updates(planned, start_from: Candidate, source: Imported, source_mm: me
     within the budget (bisected: each group moved only adds homes); fewer cannot fit, and are not
     planned. None when even every update on the host leaves too many. `planned(placement)` plans
     one. The last plan made is the last of the list."""
-    groups = policies.update_groups(source.graph, source_mm)
-
-    readers = policies.readers_of(source.graph, source_mm)
-
-    def placement(k: int) -> Placement:
-        host = frozenset().union(*(nodes for nodes, _ in groups[:k]))
-        return policies.update_on_host(source.graph, source_mm, slow, False, host, readers)
-
-    if device_persistent(source_mm, placement(len(groups))) > budget:
+    groups, placement, lo = fewest_updates(source, source_mm, slow, budget)
+    if lo is None:
         return []
-    lo, hi = 0, len(groups)
-    while lo < hi:
-        mid = (lo + hi) // 2
-        if device_persistent(source_mm, placement(mid)) <= budget:
-            hi = mid
-        else:
-            lo = mid + 1
     made: list[Candidate] = []
     taken, last = 0, start_from
     for _ in range(GROW_ROUNDS):
@@ -448,6 +442,28 @@ def grow_updates(planned, start_from: Candidate, source: Imported, source_mm: me
         last = planned(placement(taken))
         made.append(last)
     return made
+
+
+def fewest_updates(source: Imported, source_mm: memory.MemoryModel, slow: str, budget: int) -> tuple:
+    """(policies.update_groups, k -> the placement with the first k groups' updates on the host,
+    the fewest k whose persistent bytes on the device fit the budget; None when none does)."""
+    groups = policies.update_groups(source.graph, source_mm)
+    readers = policies.readers_of(source.graph, source_mm)
+
+    def placement(k: int) -> Placement:
+        host = frozenset().union(*(nodes for nodes, _ in groups[:k]))
+        return policies.update_on_host(source.graph, source_mm, slow, False, host, readers)
+
+    if device_persistent(source_mm, placement(len(groups))) > budget:
+        return groups, placement, None
+    lo, hi = 0, len(groups)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if device_persistent(source_mm, placement(mid)) <= budget:
+            hi = mid
+        else:
+            lo = mid + 1
+    return groups, placement, lo
 
 
 def grow(planned, start_from: Candidate, source: Imported, source_mm: memory.MemoryModel, slow: str,
