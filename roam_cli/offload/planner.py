@@ -17,15 +17,18 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
-from roam_cli import order as order_mod, recompute
-from roam_cli.core import memory, plan as plan_io
+from roam_cli import order as order_mod
+from roam_cli import recompute
+from roam_cli.core import memory
+from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.offload import policies, prefetch, rewrite, timing
 from roam_cli.offload.rewrite import Placement
-from roam_cli.order import bounds, problem as order_problem
+from roam_cli.order import bounds
+from roam_cli.order import problem as order_problem
 
 OBJECTIVES = ("time", "energy")
 GROW_ROUNDS = 6  # plans made growing one placement's offloaded values before giving it up
@@ -226,12 +229,14 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
             if best is not None and cost(start_from, options.objective) >= best:
                 continue  # offloading more only adds transfers to a plan already slower than one that fits
 
-            def grown_plan(placement: Placement) -> Candidate:
-                # updates' rounds are not planned where they cannot fit; offloading's, whose next
-                # round starts from the last plan's order, are
-                return planned(GROWN["updates" if everything == "updates" else everything] + ("+free" if record else ""),
-                               graph_name, source, source_mm, placement, record,
-                               limit=budget if everything == "updates" else None)
+            # updates' rounds are not planned where they cannot fit; offloading's, whose next round
+            # starts from the last plan's order, are (called within this iteration)
+            name = GROWN["updates" if everything == "updates" else everything] + ("+free" if record else "")
+            limit = budget if everything == "updates" else None
+
+            def grown_plan(placement: Placement, name=name, graph_name=graph_name, source=source,
+                           source_mm=source_mm, record=record, limit=limit) -> Candidate:
+                return planned(name, graph_name, source, source_mm, placement, record, limit=limit)
 
             grown = (grow_updates(grown_plan, start_from, source, source_mm, slow, budget)
                      if everything == "updates" else
@@ -356,10 +361,10 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
         # plan kept is the better of the two (the search starts from the baselines the first did)
         say(f"planning {chosen.policy} again, for the {left:.0f} s left")
         again, estimate = chosen.replan(left)
-        if plan_io.needed_bytes(again.plan) <= budget if budget is not None else True:
-            if (cost_of(estimate, objective), plan_io.needed_bytes(again.plan)) < (cost(chosen, objective),
-                                                                                 chosen.device_bytes):
-                chosen.result, chosen.estimate = again, estimate
+        fits = budget is None or plan_io.needed_bytes(again.plan) <= budget
+        if fits and (cost_of(estimate, objective), plan_io.needed_bytes(again.plan)) < (cost(chosen, objective),
+                                                                                      chosen.device_bytes):
+            chosen.result, chosen.estimate = again, estimate
     result = chosen.result
     p = result.plan
     if chosen.recompute is not None:
