@@ -139,8 +139,8 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
     seconds = {"import": imported_seconds, "memory_model": time.perf_counter() - t}
     if options.offload is not None:
-        return planner.plan(imported, mm, options, lambda i, m, o, given=None: plan_model(
-            i, m, model_path, plan_path, o, dict(seconds), lambda _m: None, given), say)
+        return planner.plan(imported, mm, options, lambda i, m, o, refine=None: plan_model(
+            i, m, model_path, plan_path, o, dict(seconds), lambda _m: None, refine), say)
     if options.recompute == "off":
         return plan_model(imported, mm, model_path, plan_path, options, seconds, say)
     return plan_recomputed(imported, mm, model_path, plan_path, options, seconds, say)
@@ -306,10 +306,11 @@ LAYOUT_SHARE_OF_GAP = 0.1
 
 
 def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, plan_path: Path, options: Options,
-               seconds: dict, say, given: tuple[list[int], dict] | None = None) -> Result:
-    """Order and lay out the graph of `imported`, whose memory model is `mm`: the plan. `given`:
-    the order to lay out instead of solving for one, with its stats (the offload planner's order
-    with fetches moved earlier), laid out as ONNX Runtime runs it (`order.runs`)."""
+               seconds: dict, say, refine=None) -> Result:
+    """Order and lay out the graph of `imported`, whose memory model is `mm`: the plan. `refine`:
+    a change to the order found, made before it is laid out (the offload planner's fetches moved
+    earlier: order -> (order, figures for the order's stats)); its order is laid out as ONNX
+    Runtime runs it (`order.runs`)."""
     t = time.perf_counter()
     say(f"ordering {len(imported.graph.nodes)} nodes: baselines")
     op_types = [n.op_type for n in imported.graph.nodes]
@@ -320,10 +321,14 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     # (kernels' scratch shares the arena at steps of its own: no target where there is any)
     target = (options.budget - mm.persistent_bytes if options.stop_at_budget and options.budget is not None
               and mm.tiers is None and not options.workspace else None)
-    chosen_order, order_stats = (order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
-                                             jobs=options.jobs, solver=options.solver, measured=measured,
-                                             progress=say, gap=options.gap, target=target)
-                                 if given is None else (order.runs(mm, given[0]), dict(given[1])))
+    chosen_order, order_stats = order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
+                                            jobs=options.jobs, solver=options.solver, measured=measured,
+                                            progress=say, gap=options.gap, target=target)
+    if refine is not None:
+        refined, figures = refine(chosen_order)
+        if refined != chosen_order:
+            chosen_order = order.runs(mm, refined)
+            order_stats |= figures
     order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
                                 for k, v in measured.items()]
     # ONNX Runtime writes a kernel's output into its input where this order runs the kernel last

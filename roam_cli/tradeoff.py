@@ -257,26 +257,30 @@ def offload_front(model_path: Path, options: pipeline.Options, points: int, say=
     imported = import_model(model_path, options.dims, options.shapes_from_run)
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
 
-    def plan_model(i, m, o, given=None):
-        return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, given)
+    def plan_model(i, m, o, refine=None):
+        return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, refine)
 
-    memo: dict = {}  # the fixed policies' plans, made once for both calls
-    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [], memo)
+    made: dict = {}  # the placements planned, planned once for both calls
+    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [], made)
     keep = next(c.device_bytes for c in fixed if c.policy == "keep")
     floor = offload_policies.working_set(imported.graph, mm)[0]
     spread = [keep * (points - k) // points for k in range(1, points)]
     budgets = sorted({b for b in spread + [c.device_bytes - options.alignment for c in fixed] if b >= floor})
-    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets, memo)
-    rows = [{"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,
-             "energy_joules": c.estimate.energy_joules, "transfers": len(c.transfers)} for c in candidates]
+    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets, made)
+
+    def row(c) -> dict:
+        return {"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,
+                "energy_joules": c.estimate.energy_joules, "transfers": len(c.transfers)}
+
+    rows = [row(c) for c in candidates if c.planned]  # one not planned cannot fit any budget weighed
     front = []
     for r in sorted(rows, key=lambda r: (r["seconds"], r["device_bytes"])):  # fastest first
         if not front or r["device_bytes"] < front[-1]["device_bytes"]:
             front.append(r)
     policies = []
-    for r in rows[:5]:  # the fixed policies, as weigh lists them first
+    for r in map(row, fixed):  # the fixed policies, each planned
         better = [p for p in front if p["device_bytes"] < r["device_bytes"] and p["seconds"] <= r["seconds"]]
         policies.append(r | {"dominated_by": min(better, key=lambda p: p["device_bytes"]) if better else None})
     return {"model": str(model_path), "dims": options.dims, "offload": options.offload, "profile": profile.name,
             "points": sorted(front, key=lambda r: -r["device_bytes"]), "policies": policies,
-            "plans_weighed": len(candidates), "budgets": budgets, "seconds": time.perf_counter() - start}
+            "plans_weighed": len(rows), "budgets": budgets, "seconds": time.perf_counter() - start}

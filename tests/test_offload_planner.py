@@ -121,3 +121,90 @@ def test_the_offload_front_is_a_front_and_names_what_beats_each_policy(tmp_path)
     for p in front["policies"]:
         by = p["dominated_by"]
         assert by is None or (by in points and by["device_bytes"] < p["device_bytes"] and by["seconds"] <= p["seconds"])
+
+
+def test_the_floor_is_the_busiest_streams_total():
+    # fetching_graph at one second a node: four device nodes (4 s on the device's stream) and one
+    # fetch (1.5 s on the link's): no order is estimated under 4 s, and the fetch moved early
+    # (p, t, m1, m2, use) reaches it.
+    g = fetching_graph(1024, 1024)
+    mm = memory.build(g)
+    assert timing.floor(g, mm, SECOND_PER_NODE) == pytest.approx(4.0)
+    for order in ([P, M1, M2, T, USE], [P, T, M1, M2, USE], [T, P, M1, M2, USE]):
+        assert timing.planned(g, mm, order, SECOND_PER_NODE).seconds >= 4.0
+    assert timing.planned(g, mm, [P, T, M1, M2, USE], SECOND_PER_NODE).seconds == pytest.approx(4.0)
+
+
+def chain(tmp_path) -> tuple:
+    """x, w1, w2, w3 [1, 64] (256 bytes each, graph inputs: 1024 persistent bytes) -> h1 = x * w1 ->
+    h2 = h1 * w2 -> h3 = h2 * w3 -> loss = sum(h3): the forward; y = h1 * h2: the backward. No node
+    holds more than 768 bytes at once (two inputs, one output), the placements keeping the inputs
+    on the device hold 1024 persistent bytes, every persistent byte on the host none."""
+    from onnx_builder import model, node, save
+
+    from roam_cli.frontend.onnx_import import import_model
+    m = model([node("Mul", ["x", "w1"], ["h1"]), node("Mul", ["h1", "w2"], ["h2"]), node("Mul", ["h2", "w3"], ["h3"]),
+               node("ReduceSum", ["h3"], ["loss"], keepdims=0), node("Mul", ["h1", "h2"], ["y"])],
+              [("x", [1, 64]), ("w1", [1, 64]), ("w2", [1, 64]), ("w3", [1, 64])], [("loss", []), ("y", [1, 64])])
+    imported = import_model(save(m, tmp_path / "chain.onnx"), {}, False)
+    return imported, memory.build(imported.graph)
+
+
+def test_a_placement_whose_persistent_bytes_exceed_the_budget_is_not_planned(tmp_path):
+    from roam_cli import pipeline
+    from roam_cli.offload import planner
+    from roam_cli.outputs.report import offload_rows
+
+    imported, mm = chain(tmp_path)
+    assert mm.node_class == ["forward"] * 4 + ["backward"] and mm.persistent_bytes == 1024
+    planned = []  # the graphs plan_model was given: which placements were planned
+
+    def plan_model(i, m, o, refine=None):
+        planned.append(m.persistent_bytes)
+        return pipeline.plan_model(i, m, tmp_path / "chain.onnx", tmp_path / "plan.json", o, {}, lambda _m: None,
+                                   refine)
+
+    options = pipeline.Options(offload="host", time_limit=12.0)
+    budget = 900  # over the working set (768), under the 1024 persistent bytes the inputs kept on the device hold
+    candidates, _ = planner.weigh(imported, mm, options, plan_model, lambda _m: None, [budget])
+    by = {c.policy: c for c in candidates}
+    # keep, save_on_cpu, ZeRO-Offload (this graph has no optimizer: nothing moves to the host, the
+    # placement is keep's, weighed once) and recompute only keep the 1024 persistent bytes on the
+    # device: none is planned, each listed so
+    assert candidates[2] is candidates[0]
+    for policy in ("keep", "save_on_cpu", "recompute_only"):
+        c = by[policy]
+        assert not c.planned and c.persistent_bytes == 1024 and not c.fits(budget) and "persistent" in c.skipped
+        assert c.summary(budget) | {"estimate": None, "least_seconds": None} == {
+            "policy": policy, "planned": False, "why": c.skipped, "device_bytes": None, "persistent_bytes": 1024,
+            "least_device_bytes": 1024, "slow_bytes": None, "fits": False, "transfers": None, "estimate": None,
+            "least_seconds": None}
+    assert by["all_on_host"].planned and by["all_on_host"].persistent_bytes == 0
+    assert 1024 not in planned  # no plan was made with the inputs on the device
+    # keeping everything moves nothing: its time is the same in every order, known without a plan
+    # (save_on_cpu's is not: it is left out)
+    kept, _ = planner.weigh(imported, mm, options, plan_model, lambda _m: None, [])
+    assert by["keep"].estimate.seconds == pytest.approx(kept[0].estimate.seconds, rel=1e-12)
+    assert by["save_on_cpu"].estimate is None
+    rows = {row[0]: row for row in offload_rows({"candidates": [c.summary(budget) for c in candidates]})}
+    assert rows["keep everything on the device"][1:] == ("≥ 1.00 KiB", "—", "—", rows["keep everything on the device"][4],
+                                                         "—", "no, not planned")
+    assert rows["save_on_cpu (every saved activation offloaded)"][4] == "—"
+
+
+def test_the_least_bytes_any_order_holds(tmp_path):
+    # hand: x, w (512 persistent bytes); h = x * w, a = Relu(h), loss = sum(a); d = h * w, y = d + a.
+    # At Add every order holds a, d (its inputs, made before it) and y: 768 bytes; the order
+    # Mul, Relu, Mul, Add, ReduceSum holds no more anywhere. Relu may write a into h (ONNX
+    # Runtime's in-place kernels, where the order runs it last among h's readers): one step saves
+    # at most its 256 bytes. At least 512 + 768 - 256 on the device.
+    from onnx_builder import model, node, save
+
+    from roam_cli.frontend.onnx_import import import_model
+    from roam_cli.offload.planner import least_device_bytes
+    m = model([node("Mul", ["x", "w"], ["h"]), node("Relu", ["h"], ["a"]), node("ReduceSum", ["a"], ["loss"], keepdims=0),
+               node("Mul", ["h", "w"], ["d"]), node("Add", ["d", "a"], ["y"])],
+              [("x", [1, 64]), ("w", [1, 64])], [("loss", []), ("y", [1, 64])])
+    imported = import_model(save(m, tmp_path / "hand.onnx"), {}, False)
+    mm = memory.build(imported.graph)
+    assert least_device_bytes(imported.graph, mm) == 512 + 768 - 256

@@ -25,23 +25,30 @@ def save_on_cpu(graph: Graph, mm: MemoryModel, slow: str) -> Placement:
     return Placement(slow, offloaded=frozenset(offloadable(graph, mm)))
 
 
+def readers_of(graph: Graph, mm: MemoryModel) -> dict[str, set[int]]:
+    """Storage root -> the nodes reading it under any name."""
+    readers: dict[str, set[int]] = {}
+    for i, n in enumerate(graph.nodes):
+        for x in n.inputs:
+            readers.setdefault(mm.storage_of[x], set()).add(i)
+    return readers
+
+
 def update_on_host(graph: Graph, mm: MemoryModel, slow: str, everything: bool,
-                   host: frozenset[int] | None = None) -> Placement:
+                   host: frozenset[int] | None = None, readers: dict[str, set[int]] | None = None) -> Placement:
     """The optimizer's nodes run by the host, with the state they update kept there (DeepSpeed's
     ZeRO-Offload: the device fetches each parameter once and holds it the step). `everything`: every
     persistent byte in the slow tier, the parameters fetched for the forward and again for the
     backward (ZeRO-Infinity's streaming). `host`: the nodes the host runs, when not all of the
-    optimizer's (some parameters' updates: update_groups)."""
+    optimizer's (some parameters' updates: update_groups). `readers`: readers_of(graph, mm), when
+    the caller has it."""
     if host is None:
         host = frozenset(i for i, c in enumerate(mm.node_class) if c in HOST_CLASSES)
     movable = {r for r in mm.persistent if mm.tensor_bytes[r]} - folded_values(graph)  # ORT holds the rest itself
     if everything:
         homes = movable
     else:
-        readers: dict[str, set[int]] = {}
-        for i, n in enumerate(graph.nodes):
-            for x in n.inputs:
-                readers.setdefault(mm.storage_of[x], set()).add(i)
+        readers = readers_of(graph, mm) if readers is None else readers
         written = {mm.storage_of[o] for i in host for o in graph.nodes[i].outputs}
         homes = {r for r in movable if r in written or (readers.get(r) and readers[r] <= host)}
     return Placement(slow, homes=frozenset(homes), host_nodes=host, fetch_per_phase=everything)

@@ -2,6 +2,8 @@
 each node's tier and kind (device compute, host compute, or a transfer each way), its FLOPs
 (as recomputation counts them), the bytes it reads and writes, and the steps it waits for."""
 
+from dataclasses import replace
+
 from roam_cli.cost.estimate import DEVICE as DEVICE_STEP, Estimate, Step, estimate
 from roam_cli.cost.profile import Profile, op_class
 from roam_cli.core.graph import Graph
@@ -30,6 +32,18 @@ def steps(graph: Graph, mm: MemoryModel, order: list[int]) -> list[Step]:
 def planned(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> Estimate:
     """The estimated time (and energy) of the step run in `order` on `profile`'s device."""
     return estimate(profile, steps(graph, mm, order))
+
+
+def floor(graph: Graph, mm: MemoryModel, profile: Profile) -> float:
+    """The least time any order of the graph can be estimated at (`estimate`): each stream runs its
+    steps one at a time, so the step takes at least the busiest stream's total, and that total is
+    the same in every order. The total is summed here in the graph's node order, where `estimate`
+    sums in the planned order: the two can differ in the last digits of a float."""
+    busy = estimate(profile, [replace(s, after=()) for s in steps(graph, mm, range(len(graph.nodes)))])
+    device = busy.device_compute_seconds + (0.0 if profile.overlap else busy.to_host_seconds + busy.to_device_seconds)
+    link = (busy.to_host_seconds + busy.to_device_seconds if not profile.duplex
+            else max(busy.to_host_seconds, busy.to_device_seconds))
+    return max(device, busy.host_compute_seconds, link if profile.overlap else 0.0)
 
 
 def device_seconds(profile: Profile, steps: list[Step]) -> list[float]:

@@ -360,12 +360,25 @@ def offload_lines_of(e: dict) -> list[str]:
 def offload_rows(e: dict) -> list[tuple[str, ...]]:
     rows = []
     for c in e["candidates"]:
-        est = c["estimate"]
-        rows.append((policy_name(c["policy"]), format_bytes(c["device_bytes"]),
-                     format_bytes(c["slow_bytes"]), f"{c['transfers']:,}", format_seconds(est["seconds"]),
+        est = c["estimate"] or {}  # none: not planned, and its time depends on the order it was not given
+        planned = c.get("planned", True)
+        # not planned: its persistent bytes on the device alone were over the budget
+        device = format_bytes(c["device_bytes"]) if planned else f"≥ {format_bytes(c['persistent_bytes'])}"
+        rows.append((policy_name(c["policy"]), device,
+                     "—" if c["slow_bytes"] is None else format_bytes(c["slow_bytes"]),
+                     "—" if c["transfers"] is None else f"{c['transfers']:,}",
+                     "—" if est.get("seconds") is None else format_seconds(est["seconds"]),
                      "—" if est.get("energy_joules") is None else f"{est['energy_joules']:.4g} J",
-                     "yes" if c["fits"] else "no"))
+                     "yes" if c["fits"] else "no" if planned else "no, not planned"))
     return rows
+
+
+def offload_note(e: dict) -> str | None:
+    """What the table's figures of a candidate not planned are."""
+    if all(c.get("planned", True) for c in e["candidates"]):
+        return None
+    return ("not planned: a placement whose persistent bytes on the device alone (≥) are over the budget, which "
+            "no order or layout changes; — where a figure needs the plan (a time without transfers needs none)")
 
 
 def format_seconds(x: float) -> str:
@@ -506,6 +519,8 @@ def render_table(s: dict, console: Console) -> None:
         for row in offload_rows(s["offload"]):
             weighed.add_row(*row)
         console.print(weighed)
+        if offload_note(s["offload"]):
+            console.print(offload_note(s["offload"]), highlight=False)
     if "budget" in s:
         style = "green" if s["budget"]["fits"] else "bold red"
         console.print(f"[{style}]{budget_line(s['budget'])}[/{style}]")
@@ -562,6 +577,8 @@ def render_markdown(s: dict) -> str:
     if "offload" in s:
         parts += ["", *offload_lines_of(s["offload"]), "",
                   markdown_table(OFFLOAD_COLUMNS, offload_rows(s["offload"]), {1, 2, 3, 4, 5})]
+        if offload_note(s["offload"]):
+            parts += ["", offload_note(s["offload"])]
     if "budget" in s:
         parts += ["", ("✅ " if s["budget"]["fits"] else "❌ ") + budget_line(s["budget"])]
     parts += [f"\n⚠️ {FALLBACK_NOTE}{line}" for line in s["fallbacks"]]
