@@ -93,6 +93,9 @@ def test_in_place_kernel_where_the_order_runs_it_last_among_its_input_s_readers(
     assert spans == {"a": (0, 3), "n": (1, 3), "y": (3, 3)}
     assert memory.peak_live(ran, list(spans.values())) == (3 * KB, 3)
     assert "s" not in memory.build(graph, 256, order=[0, 2, 1, 3]).alias
+    # what the planner checks before building again for its order: the joins the order adds
+    assert memory.kernel_joins(graph, None, [0, 1, 2, 3]) == {"s": "a"}
+    assert memory.kernel_joins(graph, None, [0, 2, 1, 3]) == memory.kernel_joins(graph, None, None) == {}
 
 
 def test_size_lives_from_where_onnx_runtime_runs_it(tmp_path):
