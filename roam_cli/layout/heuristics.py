@@ -14,9 +14,10 @@ overlap its own:
   buffers live for the whole run first, then decreasing size (ties: earlier allocation);
   the smallest gap between overlapping buffers that fits, else on top of them.
 
-The loop is in C where the layout search's extension is built (`_search.place_in_order`: one
-scan of the placed buffers per buffer, 25,000-buffer 70B-class steps in a fraction of a second);
-`_place_in_order_numpy` is its reference, the gap search vectorised with numpy.
+The loop is in C where the layout search's extension is built (`_search.place_in_order`: the
+placed buffers kept by offset, one scan of them per buffer and no sort; best fit on 30,000 random
+buffers 8.8 s with numpy, 5.2 s in C); `_place_in_order_numpy` is its reference, the gap search
+vectorised with numpy.
 """
 
 from __future__ import annotations
