@@ -158,12 +158,10 @@ def sparse_stand_ins(folder: Path, model) -> None:
 def artifacts(forward: Path, out: Path) -> Path:
     """ONNX Runtime's training graph of the forward, made by generate_artifacts as it comes."""
     import onnx
-    import onnxruntime
     from onnx import TensorProto
     from onnxruntime.training import artifacts as ort_artifacts
     from onnxruntime.training import onnxblock
 
-    onnxruntime.set_default_logger_severity(3)  # the gradient builder logs every transformer at INFO
     model = onnx.load(str(forward), load_external_data=False)
     trainable = [t.name for t in model.graph.initializer if t.data_location == TensorProto.EXTERNAL]
     with tempfile.TemporaryDirectory() as tmp:
