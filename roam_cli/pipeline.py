@@ -11,12 +11,20 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from roam_cli import layout, order, recompute
-from roam_cli.core import annotate, memory, plan as plan_io
+from roam_cli.core import annotate, memory
+from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
-from roam_cli.frontend.onnx_import import Imported, external_data_files, import_model, load_model
+from roam_cli.frontend.onnx_import import (
+    Imported,
+    external_data_files,
+    import_model,
+    load_model,
+)
 from roam_cli.lower import LOWERED_FROM_KEY
 from roam_cli.offload import planner
+from roam_cli.order.bounds import lower_bound
+from roam_cli.order.problem import from_memory_model
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -91,7 +99,9 @@ def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_
                                                 "fused": graph_figures(before.plan),
                                                 "lowered": graph_figures(result.plan)}
         return result
-    from roam_cli.frontend import ort_optimize  # ONNX Runtime is loaded only when asked for
+    from roam_cli.frontend import (
+        ort_optimize,  # ONNX Runtime is loaded only when asked for
+    )
 
     level, provider = options.ort_optimized, options.provider
     t = time.perf_counter()
@@ -129,6 +139,10 @@ def graph_figures(plan: dict) -> dict:
     return {"nodes": len(plan["order"]), "peak_live_bytes": plan["peak_live_bytes"], "arena_bytes": plan["arena_bytes"]}
 
 
+# the order stage, for the offload planner that runs before it: its lower bound and time
+ORDERING = planner.Ordering(lambda mm: lower_bound(from_memory_model(mm)), order.DEFAULT_SECONDS)
+
+
 def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Result:
     """Import the model and plan it, recomputing as options.recompute says."""
     t = time.perf_counter()
@@ -140,7 +154,7 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
     seconds = {"import": imported_seconds, "memory_model": time.perf_counter() - t}
     if options.offload is not None:
         return planner.plan(imported, mm, options, lambda i, m, o, refine=None: plan_model(
-            i, m, model_path, plan_path, o, dict(seconds), lambda _m: None, refine), say)
+            i, m, model_path, plan_path, o, dict(seconds), lambda _m: None, refine), ORDERING, say)
     if options.recompute == "off":
         return plan_model(imported, mm, model_path, plan_path, options, seconds, say)
     return plan_recomputed(imported, mm, model_path, plan_path, options, seconds, say)

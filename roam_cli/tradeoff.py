@@ -261,12 +261,13 @@ def offload_front(model_path: Path, options: pipeline.Options, points: int, say=
         return pipeline.plan_model(i, m, model_path, model_path.with_name("plan.json"), o, {}, lambda _m: None, refine)
 
     made: dict = {}  # the placements planned, planned once for both calls
-    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, say, [], made)
+    fixed, _ = offload_planner.weigh(imported, mm, options, plan_model, pipeline.ORDERING, say, [], made)
     keep = next(c.device_bytes for c in fixed if c.policy == "keep")
     floor = offload_policies.working_set(imported.graph, mm)[0]
     spread = [keep * (points - k) // points for k in range(1, points)]
     budgets = sorted({b for b in spread + [c.device_bytes - options.alignment for c in fixed] if b >= floor})
-    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, say, budgets, made)
+    candidates, profile = offload_planner.weigh(imported, mm, options, plan_model, pipeline.ORDERING, say, budgets,
+                                                made)
 
     def row(c) -> dict:
         return {"policy": c.policy, "device_bytes": c.device_bytes, "seconds": c.estimate.seconds,

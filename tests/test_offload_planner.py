@@ -166,7 +166,7 @@ def test_a_placement_whose_persistent_bytes_exceed_the_budget_is_not_planned(tmp
 
     options = pipeline.Options(offload="host", time_limit=12.0)
     budget = 900  # over the working set (768), under the 1024 persistent bytes the inputs kept on the device hold
-    candidates, _ = planner.weigh(imported, mm, options, plan_model, lambda _m: None, [budget])
+    candidates, _ = planner.weigh(imported, mm, options, plan_model, pipeline.ORDERING, lambda _m: None, [budget])
     by = {c.policy: c for c in candidates}
     # keep, save_on_cpu, ZeRO-Offload (this graph has no optimizer: nothing moves to the host, the
     # placement is keep's, weighed once) and recompute only keep the 1024 persistent bytes on the
@@ -183,7 +183,7 @@ def test_a_placement_whose_persistent_bytes_exceed_the_budget_is_not_planned(tmp
     assert 1024 not in planned  # no plan was made with the inputs on the device
     # keeping everything moves nothing: its time is the same in every order, known without a plan
     # (save_on_cpu's is not: it is left out)
-    kept, _ = planner.weigh(imported, mm, options, plan_model, lambda _m: None, [])
+    kept, _ = planner.weigh(imported, mm, options, plan_model, pipeline.ORDERING, lambda _m: None, [])
     assert by["keep"].estimate.seconds == pytest.approx(kept[0].estimate.seconds, rel=1e-12)
     assert by["save_on_cpu"].estimate is None
     rows = {row[0]: row for row in offload_rows({"candidates": [c.summary(budget) for c in candidates]})}
@@ -200,6 +200,7 @@ def test_the_least_bytes_any_order_holds(tmp_path):
     # at most its 256 bytes. At least 512 + 768 - 256 on the device.
     from onnx_builder import model, node, save
 
+    from roam_cli import pipeline
     from roam_cli.frontend.onnx_import import import_model
     from roam_cli.offload.planner import least_device_bytes
     m = model([node("Mul", ["x", "w"], ["h"]), node("Relu", ["h"], ["a"]), node("ReduceSum", ["a"], ["loss"], keepdims=0),
@@ -207,4 +208,4 @@ def test_the_least_bytes_any_order_holds(tmp_path):
               [("x", [1, 64]), ("w", [1, 64])], [("loss", []), ("y", [1, 64])])
     imported = import_model(save(m, tmp_path / "hand.onnx"), {}, False)
     mm = memory.build(imported.graph)
-    assert least_device_bytes(imported.graph, mm) == 512 + 768 - 256
+    assert least_device_bytes(imported.graph, mm, pipeline.ORDERING.least_live) == 512 + 768 - 256

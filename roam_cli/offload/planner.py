@@ -14,21 +14,30 @@ naming the least found or the node no placement can fit."""
 
 import multiprocessing as mp
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, NamedTuple
 
-from roam_cli import order as order_mod
 from roam_cli import recompute
 from roam_cli.core import memory
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
+from roam_cli.core.graph import smallest_first_order
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.offload import policies, prefetch, rewrite, timing
 from roam_cli.offload.rewrite import Placement
-from roam_cli.order import bounds
-from roam_cli.order import problem as order_problem
+
+
+class Ordering(NamedTuple):
+    """What the planner takes from the order stage, which runs after it and is passed in as
+    plan_model is: the least bytes any order of a memory model holds live at one step (the order
+    search's lower bound), and the seconds its searches share without --time-limit."""
+
+    least_live: Callable[[memory.MemoryModel], int]
+    seconds: float
+
 
 OBJECTIVES = ("time", "energy")
 GROW_ROUNDS = 6  # plans made growing one placement's offloaded values before giving it up
@@ -74,8 +83,8 @@ class Candidate:
                 "estimate": self.estimate.as_dict()}
 
 
-def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, budgets: list[int],
-          made: dict | None = None) -> tuple[list[Candidate], profile_mod.Profile]:
+def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, ordering: Ordering, say,
+          budgets: list[int], made: dict | None = None) -> tuple[list[Candidate], profile_mod.Profile]:
     """Every candidate: the fixed policies, and for each budget the placements grown to fit it from
     each base (bases), but those whose plan is already slower than one that fits.
     `plan_model(imported, mm, options[, refine])` orders and lays out a graph and returns the
@@ -95,7 +104,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
     if budgets and min(budgets) < floor:
         raise CheckFailed(f"--budget {min(budgets)} bytes is below node {node!r}'s working set: {floor} bytes of its "
                           "inputs and outputs are on the device at once, wherever the rest lives")
-    each = replace(options, time_limit=max(total_seconds(options) / SHARES, 1.0))
+    each = replace(options, time_limit=max(total_seconds(options, ordering) / SHARES, 1.0))
     made = {} if made is None else made  # (graph, placement) -> its Candidate; (graph, placement, None): not planned
 
     def planned(policy: str, graph_name: str, source: Imported, source_mm: memory.MemoryModel, placement: Placement,
@@ -121,7 +130,8 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
         if limit is not None:
             if not c.bounded:
                 say(f"bounding {policy}")
-                c.least_bytes, c.bounded = max(c.least_bytes, least_device_bytes(rewritten.graph, new_mm)), True
+                least = least_device_bytes(rewritten.graph, new_mm, ordering.least_live)
+                c.least_bytes, c.bounded = max(c.least_bytes, least), True
             if c.least_bytes > limit:
                 c.skipped = (f"not planned: no order or layout puts fewer than {c.least_bytes} bytes on the device "
                              "(persistent + the order's lower bound on live bytes), more than the budget")
@@ -172,7 +182,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
                 if not c.planned and not c.bounded and c.persistent_bytes <= most:
                     todo.append((c, source, source_mm, placement))
             say(f"bounding {len(todo)} placements")
-            for (c, *_), (least, floor_seconds) in zip(todo, bounds_of([t[1:] for t in todo], options, profile)):
+            for (c, *_), (least, floor_seconds) in zip(todo, bounds_of([t[1:] for t in todo], options, profile, ordering.least_live)):
                 c.least_bytes, c.floor_seconds, c.bounded = max(c.persistent_bytes, least), floor_seconds, True
     candidates = [
         planned("keep", "as is", imported, mm, Placement(slow), limit=most),
@@ -248,7 +258,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, say, 
 TIE = 1e-9  # estimates this close (relative) are one: the float rounding of sums over 100,000 steps
 
 
-def least_device_bytes(graph, mm: memory.MemoryModel) -> int:
+def least_device_bytes(graph, mm: memory.MemoryModel, least_live: Callable[[memory.MemoryModel], int]) -> int:
     """No order or layout of the graph puts fewer bytes on the device: its persistent bytes there,
     plus the order search's lower bound on the peak of live bytes (order.bounds: what every order
     holds at one step), less the largest output an in-place kernel may write into its input (the
@@ -257,11 +267,11 @@ def least_device_bytes(graph, mm: memory.MemoryModel) -> int:
     joined = max((mm.tensor_bytes[n.outputs[h[0]]] for n in graph.nodes
                   if (h := memory.MAY_OVERWRITE.get((n.domain, n.op_type))) is not None and len(n.outputs) > h[0]),
                  default=0)
-    bound = bounds.lower_bound(order_problem.from_memory_model(mm))
-    return mm.persistent_bytes + max(bound - joined, 0)
+    return mm.persistent_bytes + max(least_live(mm) - joined, 0)
 
 
-def bounds_of(items: list[tuple], options, profile: profile_mod.Profile) -> list[tuple[int, float]]:
+def bounds_of(items: list[tuple], options, profile: profile_mod.Profile,
+              least_live: Callable[[memory.MemoryModel], int]) -> list[tuple[int, float]]:
     """(least_device_bytes, timing.floor) of each (source, source_mm, placement) rewritten: with
     options.jobs > 1 (and fork), every other one in a forked process while this one makes the rest.
     A process that fails or dies without an answer costs its time only: its share is then made
@@ -269,7 +279,7 @@ def bounds_of(items: list[tuple], options, profile: profile_mod.Profile) -> list
     def one(source: Imported, source_mm: memory.MemoryModel, placement: Placement) -> tuple[int, float]:
         rewritten, _ = rewrite.rewrite(source, source_mm, placement)
         m = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
-        return least_device_bytes(rewritten.graph, m), timing.floor(rewritten.graph, m, profile)
+        return least_device_bytes(rewritten.graph, m, least_live), timing.floor(rewritten.graph, m, profile)
 
     if options.jobs < 2 or len(items) < 2 or "fork" not in mp.get_all_start_methods():
         return [one(*item) for item in items]
@@ -333,14 +343,19 @@ def order_free_estimate(source: Imported, source_mm: memory.MemoryModel, placeme
     their times (energy counts FLOPs and bytes); None for a placement that moves something."""
     if placement.offloaded or placement.homes or placement.host_nodes:
         return None
-    return timing.planned(source.graph, source_mm, order_mod.original(source_mm), profile)
+    successors: list[list[int]] = [[] for _ in source_mm.preds]
+    for v, preds in enumerate(source_mm.preds):
+        for u in preds:
+            successors[u].append(v)
+    any_order = smallest_first_order([len(p) for p in source_mm.preds], successors)
+    return timing.planned(source.graph, source_mm, any_order, profile)
 
 
-def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -> Any:
+def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, ordering: Ordering, say) -> Any:
     """The plan of the least estimated cost (options.objective) that fits options.budget (see weigh)."""
     start = time.perf_counter()
     budget, slow, objective = options.budget, options.offload, options.objective
-    candidates, profile = weigh(imported, mm, options, plan_model, say, [] if budget is None else [budget])
+    candidates, profile = weigh(imported, mm, options, plan_model, ordering, say, [] if budget is None else [budget])
 
     fitting = [c for c in candidates if c.fits(budget)]
     if not fitting:
@@ -355,8 +370,8 @@ def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, say) -
                           f"found ({least.policy}) holds {least.device_bytes} bytes on the device "
                           f"(persistent {least.result.plan['persistent_bytes']} + arena {least.result.plan['arena_bytes']})")
     chosen = min(fitting, key=lambda c: (cost(c, objective), c.device_bytes))
-    left = total_seconds(options) - (time.perf_counter() - start)
-    if options.time_limit is not None and left > 2 * max(total_seconds(options) / SHARES, 1.0):
+    left = total_seconds(options, ordering) - (time.perf_counter() - start)
+    if options.time_limit is not None and left > 2 * max(total_seconds(options, ordering) / SHARES, 1.0):
         # what is left of --time-limit searches the chosen placement's order and layout again; the
         # plan kept is the better of the two (the search starts from the baselines the first did)
         say(f"planning {chosen.policy} again, for the {left:.0f} s left")
@@ -405,8 +420,8 @@ def cost_of(estimate: Estimate, objective: str) -> float:
 SHARES = 12
 
 
-def total_seconds(options) -> float:
-    return options.time_limit if options.time_limit is not None else order_mod.DEFAULT_SECONDS
+def total_seconds(options, ordering: Ordering) -> float:
+    return options.time_limit if options.time_limit is not None else ordering.seconds
 
 
 GROWN = {None: "planned", False: "planned+zero_offload", True: "planned+all_on_host", "updates": "planned+updates"}
