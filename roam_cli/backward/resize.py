@@ -11,7 +11,7 @@ from roam_cli.backward.spatial import along_axes
 # symmetric form's second half is in double, cast back: ONNX Runtime's arithmetic, to the last bit)
 COORDINATES = {
     "half_pixel": lambda x, s, o, i: (x + 0.5) / s - 0.5,
-    "half_pixel_symmetric": lambda x, s, o, i: i / 2 * (1 - o / (s * i)) + (np.float64(x) + 0.5) / np.float64(s) - 0.5,
+    "half_pixel_symmetric": lambda x, s, o, i: i / 2 * (1 - o / (s * i)) + (x.astype(np.float64) + 0.5) / np.float64(s) - 0.5,
     "pytorch_half_pixel": lambda x, s, o, i: (x + 0.5) / s - 0.5 if o > 1 else 0 * x,
     "align_corners": lambda x, s, o, i: x * (i - 1) / (o - 1) if o > 1 else 0 * x,
     "asymmetric": lambda x, s, o, i: x / s,
@@ -52,7 +52,9 @@ def resize(g):
     place = COORDINATES[coordinates]
     maps = {}
     for axis, (size, length, scale) in enumerate(zip(shape, out, np.float32(scales.ravel()))):
-        x = np.float64(np.float32(place(np.arange(length, dtype=np.float32), scale, np.float32(length), np.float32(size))))
+        # astype, not np.float32(...): before numpy 2.3 that makes a one-element array a scalar
+        x = np.asarray(place(np.arange(length, dtype=np.float32), scale, np.float32(length), np.float32(size)),
+                       dtype=np.float32).astype(np.float64)
         maps[axis] = (nearest_matrix(NEAREST[nearest](x), size) if mode == "nearest" else linear_matrix(x, size))
     g.give(0, along_axes(g, g.dy(), maps))
 
