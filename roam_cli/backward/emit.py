@@ -23,6 +23,7 @@ class Tape(Lowering):
     def __init__(self, model: onnx.ModelProto, static: dict[str, tuple[int, tuple[int, ...]]]):
         super().__init__(model)
         self.static = dict(static)
+        self.opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
         self.readers = Counter(x for n in model.graph.node for x in n.input)
         self.readers.update(o.name for o in model.graph.output)
         # the forward's small constants, reused by value: each initializer costs an aligned block

@@ -50,7 +50,7 @@ def average_pool(g):
     strides, pads, dilations = grads.window_attrs(g, shape[2:], kernel)
     n = len(kernel)
     include_pad = bool(g.attr("count_include_pad", 0))
-    whole = include_pad and average_pool_divides_by_the_whole_kernel()
+    whole = include_pad and average_pool_divides_by_the_whole_kernel(g.ctx.opset)
     maps = {2 + k: window_means(shape[2 + k], out[2 + k], kernel[k], strides[k], pads[k], pads[n + k], dilations[k],
                                 include_pad, whole) for k in range(n)}
     g.give(0, along_axes(g, g.dy(), maps))

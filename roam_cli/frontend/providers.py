@@ -113,17 +113,18 @@ def nodes_of(nodes: list[onnx.NodeProto]) -> str:
 
 
 @functools.cache
-def average_pool_divides_by_the_whole_kernel() -> bool:
-    """Whether this ONNX Runtime's AveragePool with count_include_pad divides a window that ceil_mode
-    runs past the end pad by the whole kernel (onnxruntime 1.19), not by its cells inside the
-    padded input (1.32, as PyTorch does). The backward divides as the forward it runs with does:
-    a kernel of 3 over one cell of value 1 gives 1/3 or 1."""
+def average_pool_divides_by_the_whole_kernel(opset: int) -> bool:
+    """Whether this ONNX Runtime's AveragePool of `opset` with count_include_pad divides a window
+    that ceil_mode runs past the end pad by the whole kernel (onnxruntime 1.19; 1.23 up to opset 18),
+    not by its cells inside the padded input (1.32, and 1.23 from opset 19, as PyTorch does). The
+    backward divides as the forward it runs with does: a kernel of 3 over one cell of value 1
+    gives 1/3 or 1."""
     node = onnx.helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[3], strides=[3], ceil_mode=1,
                                  count_include_pad=1)
     graph = onnx.helper.make_graph([node], "probe", [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT,
                                                                                         [1, 1, 1])],
                                    [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, None)])
-    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", 18)], ir_version=8)
+    model = onnx.helper.make_model(graph, opset_imports=[onnx.helper.make_opsetid("", opset)], ir_version=8)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
     (y,) = session.run(None, {"x": np.ones((1, 1, 1), np.float32)})
     return bool(y.ravel()[0] < 0.5)
