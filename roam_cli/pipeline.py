@@ -2,7 +2,6 @@
 
 import hashlib
 import json
-import multiprocessing as mp
 import tempfile
 import time
 from collections.abc import Iterator
@@ -15,6 +14,7 @@ from roam_cli.core import annotate, memory
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
+from roam_cli.core.forking import beside
 from roam_cli.frontend.onnx_import import (
     Imported,
     external_data_files,
@@ -210,50 +210,6 @@ def plan_to_fit(make, options: Options) -> Result:
     if plan["stats"]["order"].get("stopped_at_target") and plan_io.needed_bytes(plan) > options.budget:
         result = make(replace(options, stop_at_budget=False))
     return result
-
-
-@contextmanager
-def beside(make, parallel: bool) -> Iterator:
-    """A callable that returns make()'s value: made in a forked process while the caller goes on
-    when `parallel` (and fork exists), else made at once. A process that fails or dies without
-    an answer costs its time only: the value is then made in this one. The process does not
-    outlive the block."""
-    if not parallel or "fork" not in mp.get_all_start_methods():
-        value = make()
-        yield lambda: value
-        return
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-
-    def child():
-        try:
-            answer = ("value", make())
-        except BaseException as e:  # answered, so that the parent does not wait for nothing
-            answer = ("failed", repr(e))
-        try:
-            send.send(answer)
-        except OSError:  # the parent has gone: nobody to tell
-            pass
-
-    process = ctx.Process(target=child, name="roam-plan-beside")
-    process.start()
-    send.close()
-
-    def value():
-        try:
-            kind, answer = receive.recv()
-        except (EOFError, OSError):
-            kind, answer = "failed", None
-        process.join()
-        return answer if kind == "value" else make()
-
-    try:
-        yield value
-    finally:
-        if process.is_alive():
-            process.terminate()
-        process.join()
-        receive.close()
 
 
 def plan_choice(imported: Imported, mm: memory.MemoryModel, choice: recompute.Choice, model_path: Path,

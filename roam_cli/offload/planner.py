@@ -12,7 +12,6 @@ bytes (its persistent bytes + its arena) fit the budget. The plan is the
 fitting candidate of the least estimated time (or energy); CheckFailed (exit 1) when none fits,
 naming the least found or the node no placement can fit."""
 
-import multiprocessing as mp
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -22,6 +21,7 @@ from roam_cli import recompute
 from roam_cli.core import memory
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
+from roam_cli.core.forking import beside
 from roam_cli.core.graph import smallest_first_order
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
@@ -281,40 +281,9 @@ def bounds_of(items: list[tuple], options, profile: profile_mod.Profile,
         m = memory.build(rewritten.graph, options.alignment, options.inplace, options.loss)
         return least_device_bytes(rewritten.graph, m, least_live), timing.floor(rewritten.graph, m, profile)
 
-    if options.jobs < 2 or len(items) < 2 or "fork" not in mp.get_all_start_methods():
-        return [one(*item) for item in items]
-    theirs = items[1::2]
-    ctx = mp.get_context("fork")
-    receive, send = ctx.Pipe(duplex=False)
-
-    def child():
-        try:
-            answer = ("value", [one(*item) for item in theirs])
-        except BaseException as e:  # answered, so that the parent does not wait for nothing
-            answer = ("failed", repr(e))
-        try:
-            send.send(answer)
-        except OSError:  # the parent has gone: nobody to tell
-            pass
-
-    process = ctx.Process(target=child, name="roam-bounds-beside")
-    process.start()
-    send.close()
-    try:
+    with beside(lambda: [one(*item) for item in items[1::2]], options.jobs > 1 and len(items) > 1) as theirs:
         ours = [one(*item) for item in items[0::2]]
-        try:
-            kind, answer = receive.recv()
-        except (EOFError, OSError):
-            kind, answer = "failed", None
-        if kind != "value":
-            answer = [one(*item) for item in theirs]
-    finally:
-        if process.is_alive():
-            process.join(timeout=1.0)
-        if process.is_alive():
-            process.terminate()
-        process.join()
-        receive.close()
+        answer = theirs()
     out = [None] * len(items)
     out[0::2], out[1::2] = ours, answer
     return out
