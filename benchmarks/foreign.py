@@ -49,7 +49,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import Llama, plan, row_md
+from scale import Llama, plan, quiet_meta_export, row_md
 
 CACHE = Path("/work/foreign_cache")
 WEIGHTS = "absent_weights"  # the folder of external-data files the meta initializers point into, never written
@@ -86,31 +86,12 @@ VARIANTS = {
 
 def export_forward(spec: Llama, v: Foreign, path: Path) -> None:
     """The model's logits [B·S, V] for input ids [B, S], exported by torch's exporter itself."""
-    import logging
-    import warnings
-
     import onnx
     import onnx_ir as ir
     import torch
     import transformers as hf
-    import transformers.masking_utils as masks
 
-    warnings.filterwarnings("ignore")
-    logging.getLogger("torch.onnx").setLevel(logging.ERROR)
-
-    # The same two meta-device gaps scale.py closes (torch 2.13, transformers 4.57): autocast on the
-    # "meta" device, and the eager mask's 0-d constant built there, which has no value to fold.
-    class Autocast(torch.autocast):
-        def __init__(self, device_type, *args, **kwargs):
-            super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
-
-    def eager_mask(*args, dtype=torch.float32, **kwargs):
-        kwargs.pop("allow_is_causal_skip", None)
-        mask = masks.sdpa_mask(*args, allow_is_causal_skip=False, allow_torch_fix=False, **kwargs)
-        return torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
-
-    torch.autocast = Autocast
-    masks.AttentionMaskInterface._global_mapping["eager"] = eager_mask
+    quiet_meta_export()  # scale.py's: the same two meta-device gaps closed
 
     class FlatLogits(torch.nn.Module):
         def __init__(self, m):

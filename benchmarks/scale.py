@@ -98,28 +98,20 @@ VARIANTS = {
 STEP = {"ort": "full_step.onnx", "roam": "roam_step.onnx"}
 
 
-def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
-    """<folder>/forward.onnx: the model returning its own causal-LM loss or its logits, without weights."""
+def quiet_meta_export() -> None:
+    """Close two meta-device gaps of torch 2.13 / transformers 4.57 without changing the maths (and
+    quiet the exporter): the rotary embedding opens torch.autocast on the input's device ("meta"
+    has no autocast dtype), and the eager causal mask builds a 0-d torch.tensor(0.0) on that
+    device, a constant with no data that the exporter's constant folding then cannot read."""
     import logging
     import warnings
 
     import torch
-    import transformers as hf
     import transformers.masking_utils as masks
-
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    from suite import LanguageModelLoss
-
-    from roam_cli.core.fileio import write_atomic
-    from roam_cli.frontend import torch_export
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torch.onnx").setLevel(logging.ERROR)
 
-    # Two meta-device gaps of torch 2.13 / transformers 4.57, closed without changing the maths:
-    # the rotary embedding opens torch.autocast on the input's device ("meta" has no autocast
-    # dtype), and the eager causal mask builds a 0-d torch.tensor(0.0) on that device, a constant
-    # with no data that the exporter's constant folding then cannot read.
     class Autocast(torch.autocast):
         def __init__(self, device_type, *args, **kwargs):
             super().__init__("cpu" if device_type == "meta" else device_type, *args, **kwargs)
@@ -128,6 +120,23 @@ def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
         kwargs.pop("allow_is_causal_skip", None)
         mask = masks.sdpa_mask(*args, allow_is_causal_skip=False, allow_torch_fix=False, **kwargs)
         return torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)
+
+    torch.autocast = Autocast
+    masks.AttentionMaskInterface._global_mapping["eager"] = eager_mask
+
+
+def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
+    """<folder>/forward.onnx: the model returning its own causal-LM loss or its logits, without weights."""
+    import torch
+    import transformers as hf
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from suite import LanguageModelLoss
+
+    from roam_cli.core.fileio import write_atomic
+    from roam_cli.frontend import torch_export
+
+    quiet_meta_export()
 
     class Logits(torch.nn.Module):
         def __init__(self, m):
@@ -138,8 +147,6 @@ def export_forward(spec: Llama, variant: Variant, folder: Path) -> Path:
             logits = self.m(input_ids=input_ids).logits
             return logits.flatten(0, 1) if variant.flat_logits else logits
 
-    torch.autocast = Autocast
-    masks.AttentionMaskInterface._global_mapping["eager"] = eager_mask
     config = hf.LlamaConfig(vocab_size=spec.vocab, hidden_size=spec.hidden, intermediate_size=spec.intermediate,
                             num_hidden_layers=spec.layers, num_attention_heads=spec.heads,
                             num_key_value_heads=variant.kv_heads or spec.heads, attn_implementation=variant.attention,
