@@ -38,10 +38,8 @@ optimal) and `--recompute free --gap 0.01` (the targets' settings)."""
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
 import tempfile
 import time
@@ -49,7 +47,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from scale import Llama, plan, quiet_meta_export, row_md
+from scale import Llama, quiet_meta_export, table
 
 CACHE = Path("/work/foreign_cache")
 WEIGHTS = "absent_weights"  # the folder of external-data files the meta initializers point into, never written
@@ -263,26 +261,13 @@ def main(argv=None) -> int:
         for size, name in steps:
             print(build(size, VARIANTS[name], args.cache), flush=True)
         return 0
-    rows = []
-    print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.plans or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        for size, name in steps:
-            step = step_path(args.cache, size, VARIANTS[name])
-            if not step.exists():
-                print(f"| {size}-{name} | not made (see --build) |", flush=True)
-                continue
-            for mode, gap in (run.split(":") for run in args.runs.split(",")):
-                r = plan(f"{size}-{name}", step, folder, mode, args.jobs, gap)
-                rows.append(r | {"step": f"{size}-{name}", "variant": asdict(VARIANTS[name])})
-                print(row_md(f"{size}-{name}", r), flush=True)
-                if args.json_out:
-                    meta = {"date": datetime.date.today().isoformat(),
-                            "machine": f"{platform.machine()}, {platform.python_version()}",
-                            "command": "python " + " ".join(["benchmarks/foreign.py", *(argv or sys.argv[1:])])}
-                    args.json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+    made = [(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]), asdict(VARIANTS[name]))
+            for size, name in steps]
+    for name, step, _ in made:
+        if not step.exists():
+            print(f"{name}: not made (see --build)", flush=True)
+    table([m for m in made if m[1].exists()], [tuple(run.split(":")) for run in args.runs.split(",")], args.jobs,
+          args.plans, args.json_out, ["benchmarks/foreign.py", *(argv or sys.argv[1:])])
     return 0
 
 

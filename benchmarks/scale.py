@@ -256,6 +256,28 @@ def chosen(only: str) -> list[tuple[str, str]]:
     return picked
 
 
+def table(steps: list[tuple[str, Path, dict]], runs: list[tuple[str, str]], jobs: int, plans: Path | None,
+          json_out: Path | None, command: list[str]) -> None:
+    """Plan each (name, step, variant) with each (recompute mode, gap) of `runs`, a row printed per
+    plan (and all rows so far written to `json_out` after each: a 405B-class run takes minutes)."""
+    rows = []
+    print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = plans or Path(tmp)
+        folder.mkdir(parents=True, exist_ok=True)
+        for name, step, variant in steps:
+            for mode, stop_gap in runs:
+                r = plan(name, step, folder, mode, jobs, stop_gap)
+                rows.append(r | {"step": name, "variant": variant})
+                print(row_md(name, r), flush=True)
+                if json_out:
+                    meta = {"date": datetime.date.today().isoformat(),
+                            "machine": f"{platform.machine()}, {platform.python_version()}",
+                            "command": "python " + " ".join(command)}
+                    json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny), variants (70b-sdpa)")
@@ -272,27 +294,14 @@ def main(argv=None) -> int:
         for size, name in steps:
             print(build(size, VARIANTS[name], args.cache), flush=True)
         return 0
-    rows = []
-    print("| step | recompute | --gap | wall s | CPU s | peak RSS GiB | nodes (added) | peak live GiB | bound GiB | order | fragmentation | verifies |\n"
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|---|", flush=True)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = args.plans or Path(tmp)
-        folder.mkdir(parents=True, exist_ok=True)
-        for size, name in steps:
-            variant = VARIANTS[name]
-            step = step_path(args.cache, size, variant)
-            if not step.exists():
-                raise SystemExit(f"{step} is missing: make it with --build (in /work/venvs/fused)")
-            for mode, stop_gap in itertools.product(args.modes.split(","), args.gaps.split(",")):
-                r = plan(f"{size}-{name}", step, folder, mode, args.jobs, stop_gap)
-                rows.append(r | {"step": f"{size}-{name}", "variant": dataclasses.asdict(variant)})
-                print(row_md(f"{size}-{name}", r), flush=True)
-                if args.json_out:  # after every row: a 405B-class run takes many minutes
-                    meta = {"date": datetime.date.today().isoformat(),
-                            "machine": f"{platform.machine()}, {platform.python_version()}",
-                            "command": "python " + " ".join(["benchmarks/scale.py",
-                                                             *(argv if argv is not None else sys.argv[1:])])}
-                    args.json_out.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+    runs = list(itertools.product(args.modes.split(","), args.gaps.split(",")))
+    for size, name in steps:
+        if not step_path(args.cache, size, VARIANTS[name]).exists():
+            raise SystemExit(f"{step_path(args.cache, size, VARIANTS[name])} is missing: make it with --build "
+                             "(in /work/venvs/fused)")
+    table([(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]), dataclasses.asdict(VARIANTS[name]))
+           for size, name in steps], runs, args.jobs, args.plans, args.json_out,
+          ["benchmarks/scale.py", *(argv if argv is not None else sys.argv[1:])])
     return 0
 
 
