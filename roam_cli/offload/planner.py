@@ -22,7 +22,6 @@ from roam_cli.core import memory
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.forking import beside
-from roam_cli.core.graph import smallest_first_order
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Estimate
 from roam_cli.frontend.onnx_import import Imported
@@ -312,12 +311,7 @@ def order_free_estimate(source: Imported, source_mm: memory.MemoryModel, placeme
     their times (energy counts FLOPs and bytes); None for a placement that moves something."""
     if placement.offloaded or placement.homes or placement.host_nodes:
         return None
-    successors: list[list[int]] = [[] for _ in source_mm.preds]
-    for v, preds in enumerate(source_mm.preds):
-        for u in preds:
-            successors[u].append(v)
-    any_order = smallest_first_order([len(p) for p in source_mm.preds], successors)
-    return timing.planned(source.graph, source_mm, any_order, profile)
+    return timing.planned(source.graph, source_mm, list(range(len(source.graph.nodes))), profile)  # node order
 
 
 def plan(imported: Imported, mm: memory.MemoryModel, options, plan_model, ordering: Ordering, say) -> Any:
