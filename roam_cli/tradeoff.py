@@ -13,18 +13,19 @@ Ordering does not follow the boundary's bytes exactly, so a plan can need more m
 another that recomputes less: such a point is dominated, and is dropped from the front and
 reported. What is left is monotone: less memory, more extra FLOPs."""
 
-import multiprocessing as mp
 import time
-from multiprocessing import connection as mp_connection
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from roam_cli import order, pipeline, recompute
-from roam_cli.core import memory, plan as plan_io
+from roam_cli.core import memory
+from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import RoamError
+from roam_cli.core.forking import parallel_map
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import import_model
-from roam_cli.offload import planner as offload_planner, policies as offload_policies
+from roam_cli.offload import planner as offload_planner
+from roam_cli.offload import policies as offload_policies
 from roam_cli.verify import Violation, verify
 
 MIN_POINTS = 2  # the two ends
@@ -171,58 +172,6 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
             "dominated": [p.record() for p in dominated],
             "unverified": [p.record() for p in made.values() if not p.verified], "probes": probes,
             "seconds": time.perf_counter() - start, "plans": [p.plan for p in front]}
-
-
-def parallel_map(work, tasks: list, workers: int) -> list:
-    """[work(t) for t in tasks], in `workers` forked processes when more than one (and fork
-    exists): each task's answer comes back through a pipe, in order. A process that fails or
-    dies without an answer costs its time only: that task is then done here."""
-    if workers <= 1 or len(tasks) <= 1 or "fork" not in mp.get_all_start_methods():
-        return [work(t) for t in tasks]
-    answers: list = [None] * len(tasks)
-    done = [False] * len(tasks)
-    queue = list(range(len(tasks)))
-    ctx = mp.get_context("fork")
-    running = []  # (task index, process, receiving end)
-
-    def start(k: int) -> None:
-        receive, send = ctx.Pipe(duplex=False)
-
-        def child():
-            try:
-                send.send(("value", work(tasks[k])))
-            except BaseException as e:  # answered, so that the parent does not wait for nothing
-                try:
-                    send.send(("failed", repr(e)))
-                except OSError:
-                    pass
-
-        process = ctx.Process(target=child, name=f"roam-point-{k}")
-        process.start()
-        send.close()
-        running.append((k, process, receive))
-
-    try:
-        while queue or running:
-            while queue and len(running) < workers:
-                start(queue.pop(0))
-            ready = mp_connection.wait([r for _, _, r in running])
-            for k, process, receive in [x for x in running if x[2] in ready]:
-                try:
-                    kind, answer = receive.recv()
-                except (EOFError, OSError):
-                    kind, answer = "failed", None
-                if kind == "value":
-                    answers[k], done[k] = answer, True
-                process.join()
-                receive.close()
-                running.remove((k, process, receive))
-    finally:
-        for _, process, receive in running:
-            process.terminate()
-            process.join()
-            receive.close()
-    return [answers[k] if done[k] else work(tasks[k]) for k in range(len(tasks))]
 
 
 def verified(made: dict) -> list[Point]:

@@ -183,7 +183,7 @@ def test_a_graph_without_a_backward_or_a_missing_file_or_the_input_as_output_is_
 def test_points_planned_at_once_come_back_in_order_and_a_dead_process_s_point_is_planned_here():
     import os
 
-    from roam_cli.tradeoff import parallel_map
+    from roam_cli.core.forking import parallel_map
 
     parent = os.getpid()
 
