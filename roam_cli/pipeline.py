@@ -303,8 +303,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
                                 for k, v in measured.items()]
     # ONNX Runtime writes a kernel's output into its input where this order runs the kernel last
     # among the input's readers (a recomputing copy reading a saved value): one storage, not two
-    joins = memory.kernel_joins(imported.graph, options.inplace, chosen_order)
-    if joins != memory.kernel_joins(imported.graph, options.inplace, None):
+    if memory.kernel_joins(imported.graph, options.inplace, chosen_order) != mm.kernel_joins:
         ran = memory.build(imported.graph, options.alignment, options.inplace, options.loss, chosen_order)
         if len(ran.storages) < len(mm.storages):
             mm = ran

@@ -102,6 +102,8 @@ class MemoryModel:
     # Shape/Size nodes ORT runs right after the node producing their input (EAGER_OPS): node ->
     # that producer, or None where the input is a graph input (they run at the start)
     eager: dict[int, int | None] = field(default_factory=dict)
+    # kernel outputs written into their input (ONNX Runtime's in-place kernels, as `order` let them)
+    kernel_joins: dict[str, str] = field(default_factory=dict)
 
     @property
     def persistent_bytes(self) -> int:
@@ -225,8 +227,8 @@ def sharing(graph: Graph, inplace: dict[str, str] | None, order: list[int] | Non
 
 def kernel_joins(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None) -> dict[str, str]:
     """The kernel outputs ONNX Runtime writes into their input when the graph runs in `order`:
-    where they are those without an order, build(..., order) is build(...) (a 405B-class step's
-    memory model takes seconds; this, a fraction of them)."""
+    where they are a memory model's `kernel_joins`, build(..., order) is that model (a 405B-class
+    step's memory model takes seconds; this, a fraction of them)."""
     return sharing(graph, inplace, order)[5]
 
 
@@ -341,7 +343,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
              if (n.domain, n.op_type) in EAGER_OPS and n.inputs and n.inputs[0] not in folded}
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
                        alias, persistent, storages, node_class, extra_deps,
-                       [tuple(sorted(p)) for p in preds], notes, tiers, eager)
+                       [tuple(sorted(p)) for p in preds], notes, tiers, eager, overwritten)
 
 
 def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
