@@ -58,6 +58,9 @@ class Options:
     # recompute "budget": the order search stops once the plan's peak leaves persistent + peak within
     # the budget (whether a plan fits is all the budget's choice needs; None: search as optimize does)
     stop_at_budget: bool = False
+    # the down-sets each leaf of the order search may visit (None: order's default); tradeoff's points
+    # search with fewer than optimize does
+    leaf_states: int | None = None
 
 
 @dataclass
@@ -293,7 +296,8 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
               and mm.tiers is None and not options.workspace else None)
     chosen_order, order_stats = order.solve(mm, options.order, op_types=op_types, time_limit=order_limit,
                                             jobs=options.jobs, solver=options.solver, measured=measured,
-                                            progress=say, gap=options.gap, target=target)
+                                            progress=say, gap=options.gap, target=target,
+                                            leaf_states=options.leaf_states)
     if refine is not None:
         refined, figures = refine(chosen_order)
         if refined != chosen_order:

@@ -10,6 +10,7 @@ import pytest
 from conftest import ROOT, roam
 from onnx_builder import model, node, save
 
+from roam_cli import tradeoff
 from roam_cli.tradeoff import Point, front_of, mark
 
 N = 1024  # floats: 4,096 bytes, a multiple of the alignment
@@ -106,6 +107,7 @@ def test_the_front_is_monotone_and_every_plan_verifies(swept):
         plan = json.loads((d / "plans" / p["plan"].rsplit("/", 1)[-1]).read_text())
         assert plan["persistent_bytes"] + plan["arena_bytes"] == p["total_bytes"]
         assert plan["recompute"]["extra_flops"] == p["extra_flops"]
+        assert plan["stats"]["order"]["leaf_states"] == tradeoff.POINT_LEAF_STATES  # a point's lighter search
         r = roam("verify", src, p["plan"])
         assert r.code == 0, r.err
     for p in front["dominated"]:

@@ -66,11 +66,12 @@ def baselines(mm: MemoryModel, op_types: list[str]) -> dict[str, dict]:
 def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None = None,
           time_limit: float | None = None, jobs: int = 1, solver: str = "cbc",
           measured: dict[str, dict] | None = None, progress=None, gap: float = 0.0,
-          target: int | None = None) -> tuple[list[int], dict]:
+          target: int | None = None, leaf_states: int | None = None) -> tuple[list[int], dict]:
     """(order, stats) for `strategy`. `measured` are baselines already computed in this run
     (`baselines()`): roam starts from them and never returns a worse order. roam stops searching
     once its order is within `gap` (a fraction) of its lower bound, or its peak at most `target`
-    bytes (stats' `target_bytes`, and `stopped_at_target` when that is what stopped it)."""
+    bytes (stats' `target_bytes`, and `stopped_at_target` when that is what stopped it).
+    `leaf_states`: the down-sets each leaf's exact search may visit (None: roam's default)."""
     op_types = op_types if op_types is not None else [""] * mm.num_nodes
     seconds = time_limit if time_limit is not None else DEFAULT_SECONDS
     if strategy in BASELINES:
@@ -87,7 +88,7 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
         measured = measured if measured is not None else baselines(mm, op_types)
         deadline = time.perf_counter() + seconds
         found, stats = roam_mod.order(problem, {k: v["order"] for k, v in measured.items()}, deadline, jobs,
-                                      progress, gap, target)
+                                      progress, gap, target, leaf_states or roam_mod.LEAF_STATES)
         found = runs(mm, found)
         best_baseline = min(measured, key=lambda k: measured[k]["peak_live_bytes"])
         if peak_of(mm, found) > measured[best_baseline]["peak_live_bytes"]:  # never worse than a baseline
@@ -98,6 +99,7 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
                "proven_optimal": stats.proven_optimal or peak_of(mm, found) <= stats.lower_bound, "gap": gap,
                "repairs": stats.repairs, "tree_passes": stats.passes,
                "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
+               "leaf_states": leaf_states or roam_mod.LEAF_STATES,
                "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused}
         if target is not None:
             out |= {"target_bytes": target, "stopped_at_target": stats.at_target and not out["proven_optimal"]}

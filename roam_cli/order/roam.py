@@ -43,6 +43,7 @@ class Leaf:
     problem: Problem
     warm: list[int]
     seconds: float
+    states: int = LEAF_STATES
 
 
 @dataclass
@@ -64,7 +65,7 @@ class Stats:
 def solve_leaf(leaf: Leaf) -> tuple[list[int], bool]:
     """(order, proven optimal) for one canonical leaf."""
     bound = bounds.lower_bound(leaf.problem, leaf.warm)
-    states = min(LEAF_STATES, LEAF_SEEN_BYTES // (8 * (leaf.problem.n // 64 + 1)))
+    states = min(leaf.states, LEAF_SEEN_BYTES // (8 * (leaf.problem.n // 64 + 1)))
     found = ideals.solve(leaf.problem, leaf.warm, states, time.perf_counter() + leaf.seconds, bound)
     return found.order, found.optimal
 
@@ -89,10 +90,12 @@ def repair(rp: Problem, order_: list[int], bound: bounds.Bound) -> tuple[list[in
 
 
 def order(problem: Problem, references: dict[str, list[int]], deadline: float, jobs: int = 1,
-          progress=None, gap: float = 0.0, target: int | None = None) -> tuple[list[int], Stats]:
+          progress=None, gap: float = 0.0, target: int | None = None,
+          leaf_states: int = LEAF_STATES) -> tuple[list[int], Stats]:
     """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`).
     The search stops at the deadline, once the peak is within `gap` (a fraction) of the bound, or
-    once it is at most `target` bytes (what a caller needs, such as a budget; None: no target)."""
+    once it is at most `target` bytes (what a caller needs, such as a budget; None: no target).
+    `leaf_states`: the down-sets each leaf's exact search may visit."""
     say = progress or (lambda message: None)
     stats = Stats()
     say("roam: applying the reduction rules")
@@ -117,7 +120,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
-        search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target)
+        search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target, leaf_states)
         best = search.run()
     return red.expand(best), stats
 
@@ -126,9 +129,10 @@ class Search:
     """The division tree walked bottom up, refining the segments that hold the peak."""
 
     def __init__(self, rp: Problem, bound: bounds.Bound, start: list[int], deadline: float,
-                 jobs: int, pool, stats: Stats, say, gap: float = 0.0, target: int | None = None):
+                 jobs: int, pool, stats: Stats, say, gap: float = 0.0, target: int | None = None,
+                 leaf_states: int = LEAF_STATES):
         self.rp, self.bound, self.current, self.deadline, self.gap = rp, bound, start, deadline, gap
-        self.target = target
+        self.target, self.leaf_states = target, leaf_states
         self.jobs, self.pool, self.stats, self.say = jobs, pool, stats, say
         self.cache: dict[tuple, tuple[list[int], bool]] = {}  # canonical shape -> (order, proven optimal)
         self.cut()
@@ -204,7 +208,7 @@ class Search:
         self.stats.shapes_reused += len(placed) - len(fresh)
         per_leaf = min(LEAF_SECONDS, max(1.0, self.deadline - time.perf_counter()))
         keys = list(fresh)
-        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf) for k in keys]
+        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf, self.leaf_states) for k in keys]
         parallel = self.pool is not None and len(tasks) > 1
         for done, (key, (local, optimal)) in enumerate(
                 zip(keys, self.pool.map(solve_leaf, tasks) if parallel else map(solve_leaf, tasks)), 1):
