@@ -146,6 +146,18 @@ def test_the_collectives_are_ordinary_nodes_of_the_memory_model(steps, tmp_path)
     assert mm.storage_of["fc1.weight.out"] == "fc1.weight"  # updated in place, on the shard
 
 
+def test_shape_rules_gather_n_blocks_and_scatter_one(tmp_path):
+    def collective(size: int, op: tuple[str, str], group: int) -> str:
+        m = model([node(op[1], ["a"], ["b"], domain=op[0], group_size=group, axis=0)], [("a", [size])], [("b", None)])
+        m.opset_import.append(helper.make_opsetid(op[0], 1))
+        return save(m, tmp_path / f"{op[1]}{size}.onnx")
+
+    assert import_model(collective(4, ALL_GATHER, 3)).graph.values["b"].shape == (12,)
+    assert import_model(collective(12, REDUCE_SCATTER, 3)).graph.values["b"].shape == (4,)
+    with pytest.raises(RoamError, match="cannot determine the size of 1 tensors: b"):
+        import_model(collective(10, REDUCE_SCATTER, 3))  # 3 ranks do not split 10 elements
+
+
 def collectives_as_identity(m: onnx.ModelProto) -> onnx.ModelProto:
     out = onnx.ModelProto()
     out.CopyFrom(m)
@@ -231,6 +243,22 @@ def test_n_ranks_update_the_weights_as_the_full_step_on_the_global_batch(steps, 
         np.testing.assert_allclose(joined, reference[f"{name}.out"], rtol=1e-5, atol=1e-6, err_msg=name)
         pad = padding(int(np.prod(shape)), ranks)
         assert not np.any(outs[-1][out][len(outs[-1][out]) - pad:])  # the last rank's padding stays zero
+
+
+def test_a_symbolic_batch_stays_symbolic_and_the_plan_binds_it(steps, tmp_path):
+    m = onnx.load(steps["functional"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"  # x: [batch, 3]
+    save(m, tmp_path / "symbolic.onnx")
+    made = roam("shard", tmp_path / "symbolic.onnx", "--ranks", "4", "-o", tmp_path / "rank.onnx", "--json")
+    assert made.code == 0, made.err
+    assert made.json()["batch"] == {"rank": "batch", "global": None}
+    rank = onnx.load(tmp_path / "rank.onnx")
+    assert rank.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    planned = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "plan.json", "--dim", "batch=2")
+    assert planned.code == 0, planned.err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["dims"] == {"batch": 2} and plan["sharding"]["batch"] == {"rank": "batch", "global": None}
+    assert "the rank's batch 2 rows of the global 8" in roam("report", tmp_path / "plan.json").out
 
 
 # ---- refused: one line, exit 2, nothing written -----------------------------------------------------
