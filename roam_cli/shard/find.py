@@ -62,22 +62,25 @@ def survey(graph: Graph) -> Survey:
             seen.add(t)
             i = graph.producer.get(t)
             n = graph.nodes[i] if i is not None else None
-            if n is None or classes[i] != "update" or n.domain not in ("", "ai.onnx") or n.op_type not in ELEMENTWISE:
+            if n is None or classes[i] != "update" or n.domain or n.op_type not in ELEMENTWISE:
                 read.add(t)
                 continue
             nodes.add(i)
             stack.extend(n.inputs)
         return nodes, read
 
-    chains, gradients = {}, {}
-    for new, state in pairs.items():
-        nodes, read = chains[state] = update_chain(new)
+    chains = {state: update_chain(new) for new, state in pairs.items()}
+    gradients = {}
+    for state, (_, read) in chains.items():
         gradients[state] = sorted(t for t in read if t not in states and t in graph.producer
                                   and classes[graph.producer[t]] != "forward"
                                   and graph.values[t].shape == graph.values[state].shape)
     outside = {s: [u for u in graph.consumers.get(s, ()) if classes[u] != "update"] for s in pairs.values()}
     parameters = {s: Parameter(s, graph.values[s].shape, gradients[s]) for s in pairs.values()
                   if gradients[s] and outside[s]}
+    if not parameters:
+        raise RoamError("the step updates no parameter from a gradient it computes: nothing to shard (roam shard "
+                        "reads a full training step, the optimizer inside)")
     for name in parameters:
         if name not in graph.inputs:
             raise RoamError(f"parameter {name!r} is an initializer of the step: roam shard splits the state the "
@@ -93,9 +96,6 @@ def survey(graph: Graph) -> Survey:
                             "from: roam shard cannot tell whose optimizer state it is")
         found[0].state.append(s)
         owner[s] = found[0].name
-    if not parameters:
-        raise RoamError("the step updates no parameter from a gradient it computes: nothing to shard (roam shard "
-                        "reads a full training step, the optimizer inside)")
 
     update_nodes = set().union(*(chains[s][0] for s in owner))
     for s, p in owner.items():
