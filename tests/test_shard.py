@@ -363,6 +363,21 @@ def test_recompute_gathers_a_parameter_again_in_the_backward(steps, tmp_path):
     assert [(n["of"], n["class"], n["flops"]) for n in copies] == [("fc2.weight/all_gather", "collective", 0)]
 
 
+def test_the_communication_is_estimated_on_the_profile_s_interconnect(steps, tmp_path):
+    save(shard(steps["roam"], 4)[0], tmp_path / "rank.onnx")
+    run_ = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "ib.json", "--device", "infiniband-ndr-gpu")
+    assert run_.code == 0, run_.err
+    c = json.loads((tmp_path / "ib.json").read_text())["sharding"]["communication"]
+    # 3 gathers and 3 reduce-scatters of 16, 12 and 4 floats: rings over 4 ranks at 50 GB/s, 9.6 us a hop
+    assert c["all_gather"]["bytes"] == c["reduce_scatter"]["bytes"] == (16 + 12 + 4) * 4
+    assert c["seconds"] == pytest.approx(3 / 4 * 2 * 128 / 50e9 + 6 * 3 * 9.6e-6)
+    assert c["sent_bytes"] == 2 * 128 * 3 // 4 and c["profile"] == "infiniband-ndr-gpu"
+    assert 0 < c["exposed_seconds"] <= c["seconds"]
+    refused = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "pcie.json", "--device", "pcie-gen4-gpu")
+    assert refused.code == 2 and "'pcie-gen4-gpu' has no interconnect for a rank step's collectives" in refused.err
+    assert not (tmp_path / "pcie.json").exists()
+
+
 def test_verify_refuses_a_plan_for_another_rank_layout(sample_plans, tmp_path):
     d = sample_plans
     plan = json.loads((d / "plan2.json").read_text())

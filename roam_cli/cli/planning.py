@@ -96,9 +96,11 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
     if recompute_mode == "budget" and budget is None:
         raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
     sharded = shard.is_rank_step(model)
-    if offload is None and (device_profile is not None and not sharded or objective != "time"):
-        raise RoamError("--device and --objective weigh the plans of --offload (--device: and a rank step's "
-                        "communication): give --offload host|storage too")
+    if offload is None and objective != "time":
+        raise RoamError("--objective weighs the plans of --offload: give --offload host|storage too")
+    if offload is None and device_profile is not None and not sharded:
+        raise RoamError("--device weighs the plans of --offload and a rank step's communication (roam shard): "
+                        "give --offload host|storage too")
     if offload is not None and (recompute_mode != "off" or ort_optimized is not None):
         raise RoamError("--offload weighs recomputation itself (its candidates include recompute only); "
                         "leave out --recompute and --ort-optimized")
@@ -162,6 +164,9 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
             out.print(report_mod.recompute_line(report_mod.recompute_effect(plan)), highlight=False)
         if "offload" in plan:
             for line in report_mod.offload_lines(plan):
+                out.print(line, highlight=False)
+        if "sharding" in plan:
+            for line in report_mod.sharding_lines(plan["sharding"], plan["dims"]):
                 out.print(line, highlight=False)
         for picture in pictures:
             out.print(f"wrote {picture}", highlight=False)
