@@ -25,6 +25,7 @@ from roam_cli.lower import LOWERED_FROM_KEY
 from roam_cli.offload import planner
 from roam_cli.order.bounds import lower_bound
 from roam_cli.order.problem import from_memory_model
+from roam_cli.shard import record as shard_record
 
 ORT_LEVELS = ("basic", "extended")  # ONNX Runtime's graph optimisation levels that --ort-optimized applies
 
@@ -53,7 +54,8 @@ class Options:
     budget: int | None = None  # bytes the plan must fit (persistent + arena) with recompute "budget"
     workspace: dict[str, list[int]] = field(default_factory=dict)  # node -> its kernels' scratch bytes (calibrate)
     offload: str | None = None  # the slower tier to plan with (roam_cli.offload.planner): host | storage
-    device: str | None = None  # the device profile of the estimates (roam_cli.cost.profile; None: its default)
+    device: str | None = None  # the device profile of the estimates (roam_cli.cost.profile; None: its default):
+    # --offload's, and a rank step's communication
     objective: str = "time"  # what the tiered planner minimises: time | energy
     # recompute "budget": the order search stops once the plan's peak leaves persistent + peak within
     # the budget (whether a plan fits is all the budget's choice needs; None: search as optimize does)
@@ -356,6 +358,9 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     result = plan_io.build(imported.graph, mm, chosen_order, offsets, model_path=model_path,
                            model_sha256=imported.sha256, plan_path=plan_path, dims=options.dims, stats=stats,
                            workspace=workspace)
+    sharding = shard_record.record(imported.graph, mm, chosen_order, options.device)  # a rank step's layout
+    if sharding is not None:
+        result["sharding"] = sharding
     return Result(result, imported, mm, imported.notes + mm.notes, model_path)
 
 

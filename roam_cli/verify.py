@@ -3,6 +3,9 @@
 Shares nothing with the planners but the loader (`onnx_import`) and the pair check (`pair`):
 lifetimes, aliasing and overlaps are recomputed here from the order and the node list alone.
 
+A rank step (DESIGN.md, "Sharded steps") says so in its metadata (SHARDING_KEY, read here on its
+own): its plan names the same ranks, and its collectives gather and reduce over that many.
+
 Tiers (DESIGN.md, "Memory tiers"): a model with a slower memory says so in its metadata
 (TIERS_KEY, read here on its own). A transfer reads one tier and writes the other; a node the
 host runs reads and writes the slow tier; every other node the device. A persistent tensor lives
@@ -32,6 +35,12 @@ DEVICE = "device"
 SLOW_TIERS = ("host", "storage")
 TRANSFER_OP = "Expand"  # a transfer copies its input: Expand to the input's own shape
 SHAPE_READERS = {("", "Shape"), ("", "Size")}  # they read a tensor's shape, not its bytes: from any tier
+# A rank step's record ({"ranks": N, ...}) and its collectives: (domain, op) -> (the whole buffer, the
+# rank's part): an all-gather's output and input, a reduce-scatter's input and output
+SHARDING_KEY = "roam.sharding"
+COLLECTIVES = {("com.microsoft", "AllGather"): ("output", "input"),
+               ("ai.roam.collective", "ReduceScatter"): ("input", "output")}
+PLAN_NAMES = {("com.microsoft", "AllGather"): "all_gather", ("ai.roam.collective", "ReduceScatter"): "reduce_scatter"}
 
 
 class Violation(Exception):
@@ -93,6 +102,7 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
 
     folded = folded_at_load(graph)
     check_shape_nodes_first(graph, plan["order"], step, produced_at, folded)
+    check_sharding(graph, plan)
 
     tiers = read_tiers(graph, plan)
     if "recompute" in plan:
@@ -259,6 +269,40 @@ def peak_live(placed: list[tuple[int, int, int, int, str]], last: int) -> int:
         live += delta[s]
         peak = max(peak, live)
     return peak
+
+
+def check_sharding(graph: Graph, plan: dict) -> None:
+    """A plan for a rank step names its ranks, those of the model's record; a plan for any other
+    step names none. Each collective's whole buffer is that many times the rank's part, and the
+    plan's count and bytes of each kind of collective are the graph's."""
+    recorded, planned = graph.metadata.get(SHARDING_KEY), plan.get("sharding")
+    if recorded is None and planned is None:
+        return
+    try:
+        ranks = json.loads(recorded)["ranks"] if recorded is not None else None
+        assert ranks is None or isinstance(ranks, int) and ranks >= 1
+    except (ValueError, KeyError, TypeError, AssertionError):
+        raise Violation(f"the model's metadata {SHARDING_KEY!r} is not a record of a rank step ({{ranks, ...}})") from None
+    if ranks is None or planned is None or planned["ranks"] != ranks:
+        model = "is not a rank step" if ranks is None else f"is the step of one of {ranks} ranks"
+        made = "records no sharding" if planned is None else f"is for {planned['ranks']} ranks"
+        raise Violation(f"the plan {made}, but the model {model} ({SHARDING_KEY!r})")
+    moved = {name: {"count": 0, "bytes": 0} for name in PLAN_NAMES.values()}
+    for n in graph.nodes:
+        sides = COLLECTIVES.get((n.domain, n.op_type))
+        if sides is None:
+            continue
+        whole, part = (graph.values[(n.outputs if side == "output" else n.inputs)[0]] for side in sides)
+        if whole.nbytes != ranks * part.nbytes:
+            raise Violation(f"collective {n.name!r} ({n.op_type}) moves {whole.nbytes} bytes for a part of "
+                            f"{part.nbytes}: not {ranks} ranks'")
+        moved[PLAN_NAMES[(n.domain, n.op_type)]]["count"] += 1
+        moved[PLAN_NAMES[(n.domain, n.op_type)]]["bytes"] += whole.nbytes
+    for name, figures in moved.items():
+        listed = planned.get("communication", {}).get(name)
+        if listed is not None and (listed["count"], listed["bytes"]) != (figures["count"], figures["bytes"]):
+            raise Violation(f"the plan lists {listed['count']} {name} collectives of {listed['bytes']} bytes; the model "
+                            f"has {figures['count']} of {figures['bytes']}")
 
 
 def read_tiers(graph: Graph, plan: dict) -> Tiers | None:

@@ -8,7 +8,7 @@ import pytest
 from roam_cli.core.errors import RoamError
 from roam_cli.cost import profile as profile_mod
 from roam_cli.cost.estimate import Step, estimate
-from roam_cli.cost.profile import Profile, op_class
+from roam_cli.cost.profile import Interconnect, Profile, op_class
 from roam_cli.recompute import flops as flops_mod
 
 # Round figures so every duration below is exact: a MatMul runs at 100 FLOP/s, a Conv at 50,
@@ -93,11 +93,50 @@ def test_energy_is_unknown_only_when_a_needed_figure_is():
     assert estimate(no_moves, [TWO_AND_ONE[0]]).energy_joules == pytest.approx(0.2 + 0.01)  # nothing moved
 
 
+# A ring over 4 ranks on a 10 B/s interconnect with 1 s a hop: 3/4 x 40 B / 10 B/s + 3 x 1 s = 6 s.
+RING = Interconnect("toy ring", bandwidth=10.0, latency=1.0)
+
+
+def test_a_ring_collective_moves_n_minus_1_nths_of_its_bytes_in_n_minus_1_hops():
+    assert RING.ring_seconds(40, 4) == 6.0
+    assert RING.ring_seconds(40, 2) == 0.5 * 40 / 10 + 1.0
+    assert RING.ring_seconds(40, 1) == 0.0  # one rank moves nothing
+
+
+@pytest.mark.parametrize("ranks,seconds,network", [(4, 9.5, 6.0), (2, 6.5, 3.0), (1, 6.0, 0.0)])
+def test_a_collective_runs_beside_compute_and_what_it_delays_is_exposed(ranks, seconds, network):
+    # 0: MatMul [0, 2.5]; 1: an all-gather of 40 B on the interconnect from 0 (issued when 0
+    # starts): [0, 6] over 4 ranks, [0, 3] over 2, nothing over 1; 2: a Relu reading it, 3.5 s,
+    # from when both have finished: [6, 9.5], [3, 6.5], [2.5, 6]
+    steps = [Step("device", "MatMul", 200, 100, ()), Step("collective", "AllGather", 0, 40, ()),
+             Step("device", "Relu", 30, 10, (1,))]
+    e = estimate(toy(interconnect=RING), steps, ranks)
+    assert (e.seconds, e.network_seconds) == (seconds, network)
+
+
+def test_a_collective_starts_no_earlier_than_the_order_issues_it():
+    # 0: MatMul [0, 2.5]; 1: Relu [2.5, 6]; 2: the all-gather, issued when 1 starts: [2.5, 8.5]
+    # (not [0, 6]: its buffer is allocated where the order puts it); 3: a Relu reading it [8.5, 12]
+    steps = [Step("device", "MatMul", 200, 100, ()), Step("device", "Relu", 30, 10, ()),
+             Step("collective", "AllGather", 0, 40, ()), Step("device", "Relu", 30, 10, (2,))]
+    assert estimate(toy(interconnect=RING), steps, 4).seconds == 12.0
+
+
+def test_a_collective_on_a_profile_without_an_interconnect_is_refused():
+    with pytest.raises(ValueError, match="no interconnect"):
+        estimate(TOY, [Step("collective", "AllGather", 0, 40, ())], 2)
+    with pytest.raises(RoamError, match="has no interconnect for a rank step's collectives: choose one that has "
+                                        r"\(infiniband-ndr-gpu, nvlink4-gpu\)"):
+        profile_mod.for_step("pcie-gen4-gpu", sharded=True)
+    assert profile_mod.for_step(None, sharded=True).name == "nvlink4-gpu"
+    assert profile_mod.for_step(None, sharded=False).name == "pcie-gen4-gpu"
+
+
 def test_an_empty_step_list_takes_no_time():
     e = estimate(TOY, [])
     assert (e.seconds, e.energy_joules, e.stall_seconds) == (0.0, 0.0, 0.0)
     assert set(e.as_dict()) == {"seconds", "energy_joules", "device_compute_seconds", "host_compute_seconds",
-                                "to_host_seconds", "to_device_seconds", "stall_seconds"}
+                                "to_host_seconds", "to_device_seconds", "stall_seconds", "network_seconds"}
 
 
 def test_an_unknown_step_kind_is_refused():
@@ -123,6 +162,16 @@ def test_every_shipped_profile_loads_under_its_file_name(name):
 def test_the_shipped_profiles_include_the_default_and_poet_s_chipsets():
     assert {profile_mod.DEFAULT, "pcie-gen5-gpu", "coherent-gpu", "phone-soc-flash",
             "poet-m0", "poet-m4", "poet-a72", "poet-jetsontx2"} <= set(profile_mod.shipped())
+
+
+def test_the_interconnect_profiles_carry_the_datasheets_figures():
+    nvlink, ib = profile_mod.load("nvlink4-gpu"), profile_mod.load("infiniband-ndr-gpu")
+    # NVLink 4: 900 GB/s both ways together per H100, 450 each way; NDR: 400 Gb/s = 50 GB/s each way
+    assert (nvlink.interconnect.bandwidth, ib.interconnect.bandwidth) == (450e9, 50e9)
+    # NCCL's ring step latency with the Simple protocol (src/graph/tuning.cc): NVLink 3.4 us, network 9.6 us
+    assert (nvlink.interconnect.latency, ib.interconnect.latency) == (3.4e-6, 9.6e-6)
+    assert nvlink.device_flops == ib.device_flops == profile_mod.load("pcie-gen5-gpu").device_flops  # H100 SXM both
+    assert [n for n in profile_mod.shipped() if profile_mod.load(n).interconnect] == ["infiniband-ndr-gpu", "nvlink4-gpu"]
 
 
 def test_poet_s_figures_arrive_as_poet_has_them():
@@ -160,6 +209,10 @@ def without(key: str) -> dict:
     ({**shipped_document(), "kernel_overhead": True}, "kernel_overhead must be a number of seconds"),
     ({**shipped_document(), "energy_per_flop": -1e-12}, "energy_per_flop must be joules >= 0, or null"),
     ({**shipped_document(), "link": "nvlink"}, "link must be one of host, storage"),
+    ({**shipped_document(), "interconnect": {"name": "nvlink", "bandwidth": 4.5e11}},
+     "interconnect must be null or {name, bandwidth, latency}"),
+    ({**shipped_document(), "interconnect": {"name": "nvlink", "bandwidth": 0, "latency": 1e-6}},
+     "interconnect.bandwidth must be a positive number"),
     ({**shipped_document(), "bandwidth": 1}, "unknown field 'bandwidth'"),
     ({**shipped_document(), "notes": {"bandwith": "typo"}}, "notes must map field names to text"),
     ([], "must be a JSON object"),

@@ -1,4 +1,4 @@
-"""`roam make-training-graph`, `lower` and `emulate`: graphs written."""
+"""`roam make-training-graph`, `lower`, `emulate` and `shard`: graphs written."""
 
 import json
 from pathlib import Path
@@ -77,6 +77,46 @@ def emulate(obj, model, out_path, as_json):
         out.print_json(json.dumps({"model": str(model), "output": str(out_path), "emulated_nodes": count}))
     elif not obj["quiet"]:
         out.print(f"wrote {out_path}: {count:,} 16-bit nodes computed in float32 and rounded", highlight=False)
+
+
+@cli.command()
+@click.argument("step", type=click.Path(path_type=Path))
+@click.option("--ranks", type=int, required=True, help="N: the ranks the step is split over (at least 1).")
+@click.option("-o", "--output", "out_path", required=True, type=click.Path(path_type=Path),
+              help="The rank step to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the rank step's record (its metadata roam.sharding) as JSON.")
+@click.pass_obj
+def shard(obj, step, ranks, out_path, as_json):
+    """Write the step of one of N ranks of fully sharded data parallelism.
+
+    STEP is a full training step, the optimizer inside (make-training-graph --in-graph-optimizer,
+    or a functional step: new state as outputs paired in metadata roam.inplace). Each rank holds
+    1/N of every parameter and its optimizer state (flat, zero-padded), all-gathers a parameter
+    before the forward and backward read it, reduce-scatters each gradient (the mean over ranks)
+    and updates its shard. A fixed batch is the rank's own, of a global batch N times it; a
+    symbolic one stays symbolic (bind the rank's with optimize's --dim). Inputs and outputs keep
+    their names. Plan it with `roam optimize` like any step (docs/sharding.md).
+
+    \b
+    Example:
+      roam shard step.onnx --ranks 4 -o rank.onnx && roam optimize rank.onnx -o plan.json --recompute free
+    """
+    from roam_cli import lower as lower_mod
+    from roam_cli import shard as shard_mod
+
+    check_output_path(out_path, [step])
+    model, record = shard_mod.shard(step, ranks)
+    lower_mod.relocate_weights(model, step, out_path)
+    write_atomic(out_path, model.SerializeToString())
+    if as_json:
+        out.print_json(json.dumps({"model": str(step), "output": str(out_path), **record}))
+    elif not obj["quiet"]:
+        batch = record["batch"]
+        rows = f"{batch['rank']} rows of {batch['global']}" if batch["global"] else f"1/{ranks} of {batch['rank']}"
+        out.print(f"wrote {out_path}: one rank of {ranks}, {len(record['parameters']):,} parameters and "
+                  f"{len(record['state']):,} optimizer state tensors in 1/{ranks} shards, {len(record['replicated']):,} "
+                  f"inputs replicated, the batch {rows} ({', '.join(record['data_inputs'])})",
+                  highlight=False, soft_wrap=True)
 
 
 @cli.command("make-training-graph")

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import click
 
-from roam_cli import budget as budget_mod, layout, order, pipeline, recompute, tradeoff as tradeoff_mod
+from roam_cli import budget as budget_mod, layout, order, pipeline, recompute, shard, tradeoff as tradeoff_mod
 from roam_cli.cli import (BUDGET_HELP, GAP, JOBS, SECONDS, ByteSize, Progress, cli, err, fail_over_budget, out,
                           parse_pairs)
 from roam_cli.core import plan as plan_io
@@ -53,8 +53,9 @@ from roam_cli.solvers import milp
                    "the update may leave the device; --budget then counts the device's bytes, and the plan is the "
                    "fitting one of the least estimated time on --device.")
 @click.option("--device", "device_profile", default=None, metavar="PROFILE",
-              help=f"Device profile of --offload's estimates: a shipped name ({', '.join(cost_profile.shipped())}) "
-                   f"or a JSON file [default: {cost_profile.DEFAULT}].")
+              help=f"Device profile of --offload's estimates and a rank step's communication: a shipped name "
+                   f"({', '.join(cost_profile.shipped())}) or a JSON file [default: {cost_profile.DEFAULT}; "
+                   f"a rank step's: {cost_profile.DEFAULT_SHARDED}].")
 @click.option("--objective", type=click.Choice(offload_planner.OBJECTIVES), default="time", show_default=True,
               help="What --offload minimises among the plans that fit: estimated step time, or energy.")
 @click.option("--plot", "plot_dir", type=click.Path(path_type=Path, file_okay=False),
@@ -94,13 +95,17 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         raise RoamError("--provider chooses whose optimisations --ort-optimized applies: give --ort-optimized too")
     if recompute_mode == "budget" and budget is None:
         raise RoamError("--recompute budget needs --budget SIZE: the memory the plan must fit")
-    if offload is None and (device_profile is not None or objective != "time"):
-        raise RoamError("--device and --objective weigh the plans of --offload: give --offload host|storage too")
+    sharded = shard.is_rank_step(model)
+    if offload is None and objective != "time":
+        raise RoamError("--objective weighs the plans of --offload: give --offload host|storage too")
+    if offload is None and device_profile is not None and not sharded:
+        raise RoamError("--device weighs the plans of --offload and a rank step's communication (roam shard): "
+                        "give --offload host|storage too")
     if offload is not None and (recompute_mode != "off" or ort_optimized is not None):
         raise RoamError("--offload weighs recomputation itself (its candidates include recompute only); "
                         "leave out --recompute and --ort-optimized")
-    if device_profile is not None:
-        cost_profile.load(device_profile)  # a bad profile is refused before any work is done
+    if device_profile is not None or sharded:
+        cost_profile.for_step(device_profile, sharded)  # a bad profile is refused before any work is done
     milp.check_solver(solver)
     if plot_dir is not None:
         from roam_cli.outputs import plot
@@ -159,6 +164,9 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
             out.print(report_mod.recompute_line(report_mod.recompute_effect(plan)), highlight=False)
         if "offload" in plan:
             for line in report_mod.offload_lines(plan):
+                out.print(line, highlight=False)
+        if "sharding" in plan:
+            for line in report_mod.sharding_lines(plan["sharding"], plan["dims"]):
                 out.print(line, highlight=False)
         for picture in pictures:
             out.print(f"wrote {picture}", highlight=False)

@@ -18,6 +18,7 @@ layouts consume; `lifetimes()` turns an order into each storage's [first, last] 
 import json
 from dataclasses import dataclass, field
 
+from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, element_size
 
@@ -480,8 +481,8 @@ def names_derived(outputs: tuple[str, ...], aliases_of: dict[str, list[str]]) ->
 
 def classify_nodes(graph: Graph, writers: set[int], loss: str | None, accumulating: set[int]) -> list[str]:
     """forward: the loss's ancestors; accumulate: gradient accumulators; update: optimizer steps
-    and the chains feeding only them; recompute: copies roam added (RECOMPUTE_KEY); backward:
-    the rest."""
+    and the chains feeding only them, up to a collective; recompute: copies roam added
+    (RECOMPUTE_KEY); backward: the rest."""
     nodes = graph.nodes
     if loss is None:
         loss = next((o for o in graph.outputs if o in graph.producer and graph.values[o].nbytes
@@ -505,8 +506,10 @@ def classify_nodes(graph: Graph, writers: set[int], loss: str | None, accumulati
         if n.name in copies:
             classes[i] = "recompute"
     for i in reversed(range(len(nodes))):
+        # a rank step's reduce-scatter makes the gradient its rank updates with (roam shard): backward
         if (i in forward or i in writers or classes[i] == "recompute"
-                or any(o.endswith("_grad") for o in nodes[i].outputs)):
+                or any(o.endswith("_grad") for o in nodes[i].outputs)
+                or (nodes[i].domain, nodes[i].op_type) in COLLECTIVES):
             continue
         users = {u for o in nodes[i].outputs for u in graph.consumers.get(o, ())}
         if users and all(classes[u] == "update" for u in users):

@@ -3,7 +3,8 @@
 Every figure is a plain number in SI units (FLOP/s, bytes/s, bytes, seconds, joules) so a profile
 is checkable against the datasheet it cites; `notes` (field -> text) says where each came from.
 Loading checks every field, since a typo'd or negative bandwidth would only show up later as a
-nonsensical plan."""
+nonsensical plan. `interconnect`, the link between ranks a sharded step's collectives cross, is
+the one optional field: a profile without one plans no rank step."""
 
 import json
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 from roam_cli.core.errors import RoamError, first_line
 
 DEFAULT = "pcie-gen4-gpu"
+DEFAULT_SHARDED = "nvlink4-gpu"  # a rank step's default: the profile needs an interconnect
 OP_CLASSES = ("matmul", "conv", "other")
 LINKS = ("host", "storage")
 
@@ -23,6 +25,19 @@ LINKS = ("host", "storage")
 # runs at the general rate (Einsum and attention included, as they are counted that way).
 MATMUL_OPS = frozenset({"MatMul", "Gemm", "FusedMatMul", "TransposeMatMul", "FusedGemm"})
 CONV_OPS = frozenset({"Conv", "FusedConv", "ConvTranspose", "ConvGrad"})
+
+
+@dataclass(frozen=True)
+class Interconnect:
+    """The link between ranks (NVLink, InfiniBand), as a ring collective sees it."""
+    name: str
+    bandwidth: float  # bytes/s each rank sends (and receives) at once, each way
+    latency: float  # seconds per step of a ring (one hop)
+
+    def ring_seconds(self, nbytes: int, ranks: int) -> float:
+        """A ring all-gather of `nbytes` gathered, or reduce-scatter of `nbytes` reduced, over
+        `ranks`: N − 1 steps, each moving one N-th of the bytes to the next rank."""
+        return (ranks - 1) / ranks * nbytes / self.bandwidth + (ranks - 1) * self.latency
 
 
 @dataclass(frozen=True)
@@ -46,6 +61,7 @@ class Profile:
     energy_per_flop: float | None  # joules; None where unknown
     energy_per_byte_moved: float | None
     energy_per_byte_accessed: float | None
+    interconnect: Interconnect | None = None  # between ranks; None: the profile plans no rank step
 
 
 def op_class(op_type: str) -> str:
@@ -55,6 +71,16 @@ def op_class(op_type: str) -> str:
     if op_type in CONV_OPS:
         return "conv"
     return "other"
+
+
+def for_step(name: str | None, sharded: bool) -> Profile:
+    """The profile a step is estimated on: `name`, or the default for its kind; a rank step's
+    (`sharded`) needs an interconnect for its collectives."""
+    profile = load(name or (DEFAULT_SHARDED if sharded else DEFAULT))
+    if sharded and profile.interconnect is None:
+        raise RoamError(f"device profile {profile.name!r} has no interconnect for a rank step's collectives: "
+                        f"choose one that has ({', '.join(n for n in shipped() if load(n).interconnect)})")
+    return profile
 
 
 def shipped() -> list[str]:
@@ -92,7 +118,7 @@ def _parse(document) -> Profile:
     unknown = sorted(set(document) - set(names) - {"notes"})
     if unknown:
         raise ValueError(f"unknown field {unknown[0]!r} (fields: {', '.join(names)}, notes)")
-    missing = [n for n in names if n not in document]
+    missing = [n for n in names if n not in document and n != "interconnect"]
     if missing:
         raise ValueError(f"missing field {missing[0]!r}")
     notes = document.get("notes", {})
@@ -115,7 +141,17 @@ def _parse(document) -> Profile:
         link_latency=_seconds(d, "link_latency"), duplex=_flag(d, "duplex"), overlap=_flag(d, "overlap"),
         kernel_overhead=_seconds(d, "kernel_overhead"),
         energy_per_flop=_joules(d, "energy_per_flop"), energy_per_byte_moved=_joules(d, "energy_per_byte_moved"),
-        energy_per_byte_accessed=_joules(d, "energy_per_byte_accessed"))
+        energy_per_byte_accessed=_joules(d, "energy_per_byte_accessed"),
+        interconnect=_interconnect(d.get("interconnect")))
+
+
+def _interconnect(d) -> Interconnect | None:
+    if d is None:
+        return None
+    if not isinstance(d, dict) or sorted(d) != ["bandwidth", "latency", "name"]:
+        raise ValueError("interconnect must be null or {name, bandwidth, latency}")
+    return Interconnect(_text(d, "name"), _positive(d, "bandwidth", "interconnect."),
+                        _seconds(d, "latency", "interconnect."))
 
 
 def _number(d: dict, key: str) -> float | None:
@@ -133,10 +169,10 @@ def _positive(d: dict, key: str, prefix: str = "") -> float:
     return value
 
 
-def _seconds(d: dict, key: str) -> float:
+def _seconds(d: dict, key: str, prefix: str = "") -> float:
     value = _number(d, key)
     if value is None or value < 0:
-        raise ValueError(f"{key} must be a number of seconds >= 0, got {d[key]!r}")
+        raise ValueError(f"{prefix}{key} must be a number of seconds >= 0, got {d[key]!r}")
     return value
 
 

@@ -2,7 +2,7 @@
 
 1. Bind symbolic dimensions (`--dim batch=8`) and run ONNX shape inference with data propagation.
 2. Walk the graph in order and fill what ONNX left unknown: contrib/training ops (com.microsoft)
-   from their semantics (`CONTRIB_RULES`), standard ops whose inputs only became known in this
+   and the collectives of a rank step (roam shard) from their semantics (`DOMAIN_RULES`), standard ops whose inputs only became known in this
    walk (ONNX per-node inference), with small integer tensors (shapes, axes) evaluated on the way.
 3. Optionally (`--shapes-from-run`) run the graph once in ONNX Runtime on synthetic inputs and
    record every shape it sees.
@@ -17,6 +17,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from onnx.reference import ReferenceEvaluator
 
+from roam_cli.core.collectives import COLLECTIVE_DOMAIN
 from roam_cli.core.errors import RoamError
 
 TensorType = tuple[int, tuple[int, ...]]  # (onnx elem type, shape)
@@ -170,7 +171,7 @@ def infer_node(node, types, values, opsets, opset_imports, ir_version) -> None:
     in_types = [types.get(x) if x else None for x in node.input]
     in_values = [values.get(x) if x else None for x in node.input]
     domain = node.domain if node.domain != "ai.onnx" else ""
-    rule = CONTRIB_RULES.get(node.op_type) if domain == "com.microsoft" else None
+    rule = DOMAIN_RULES.get(domain, {}).get(node.op_type)
     results: list[TensorType | None] | None = None
     if rule is not None:
         try:
@@ -204,7 +205,7 @@ def onnx_node_inference(node, in_types, in_values, opsets, opset_imports, ir_ver
     return results
 
 
-# ---- com.microsoft operators ONNX shape inference cannot see -------------------------------------
+# ---- com.microsoft and roam's collective operators: ONNX shape inference cannot see them --------
 # Each rule: (node, input types, input values) -> output types. `in_types[i]` is (dtype, shape).
 
 def attr(node, name, default=None):
@@ -318,6 +319,24 @@ def bitmask_dropout(node, t, v):
     return [t[0], (TensorProto.UINT32, ((count + 31) // 32,))]
 
 
+def all_gather(node, t, v):
+    """[.., d, ..] -> [.., group_size·d, ..] along `axis`: every rank's block, in rank order."""
+    shape = list(t[0][1])
+    shape[attr(node, "axis", 0)] *= attr(node, "group_size", 1)
+    return [(t[0][0], tuple(shape))]
+
+
+def reduce_scatter(node, t, v):
+    """[.., group_size·d, ..] -> [.., d, ..] along `axis`: this rank's block (ValueError, the size
+    unknown, where the ranks do not divide the dimension)."""
+    shape = list(t[0][1])
+    axis, ranks = attr(node, "axis", 0), attr(node, "group_size", 1)
+    if ranks < 1 or shape[axis] % ranks:
+        raise ValueError(f"{ranks} ranks do not divide dimension {shape[axis]}")
+    shape[axis] //= ranks
+    return [(t[0][0], tuple(shape))]
+
+
 CONTRIB_RULES: dict[str, Callable] = {
     **{op: like(0) for op in (
         "FastGelu", "Gelu", "QuickGelu", "BiasGelu", "BiasSoftmax", "BiasDropout", "Dropout",
@@ -349,6 +368,14 @@ CONTRIB_RULES: dict[str, Callable] = {
     "InPlaceAccumulatorV2": in_place_accumulator_v2,
     "ConcatTraining": concat_training,
     "BitmaskDropout": bitmask_dropout,
+    "AllGather": all_gather,  # ONNX Runtime's collective (its NCCL builds run it)
+}
+
+
+# the domains whose ops ONNX's shape inference has no schema for, each with its rules
+DOMAIN_RULES: dict[str, dict[str, Callable]] = {
+    "com.microsoft": CONTRIB_RULES,
+    COLLECTIVE_DOMAIN: {"ReduceScatter": reduce_scatter},  # roam shard's (roam_cli.core.collectives)
 }
 
 

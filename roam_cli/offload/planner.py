@@ -20,6 +20,7 @@ from typing import Any, NamedTuple
 from roam_cli import recompute
 from roam_cli.core import memory
 from roam_cli.core import plan as plan_io
+from roam_cli.core.collectives import sharding
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.forking import beside
 from roam_cli.cost import profile as profile_mod
@@ -93,7 +94,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, order
     for is not planned: no order or layout can fit it, and offloading forward values does not move
     a persistent byte; it is listed, not planned, with the estimate only where no order changes it
     (nothing moved, nothing on the host)."""
-    profile = profile_mod.load(options.device or profile_mod.DEFAULT)
+    profile = profile_mod.for_step(options.device, sharding(imported.graph.metadata) is not None)
     if options.objective not in OBJECTIVES:
         raise RoamError(f"--objective must be one of {', '.join(OBJECTIVES)}, got {options.objective!r}")
     if options.objective == "energy" and profile.energy_per_flop is None:

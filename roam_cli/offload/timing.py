@@ -1,11 +1,13 @@
 """A planned order as the steps a device profile's cost model simulates (roam_cli.cost.estimate):
-each node's tier and kind (device compute, host compute, or a transfer each way), its FLOPs
-(as recomputation counts them), the bytes it reads and writes, and the steps it waits for."""
+each node's tier and kind (device compute, host compute, a transfer each way, or a rank step's
+collective), its FLOPs (as recomputation counts them), the bytes it reads and writes (a
+collective: the bytes it gathers or reduces), and the steps it waits for."""
 
 from dataclasses import replace
 
-from roam_cli.cost.estimate import DEVICE as DEVICE_STEP, Estimate, Step, estimate
+from roam_cli.cost.estimate import COLLECTIVE, DEVICE as DEVICE_STEP, Estimate, Step, estimate
 from roam_cli.cost.profile import Profile, op_class
+from roam_cli.core.collectives import ALL_GATHER, COLLECTIVES, ranks
 from roam_cli.core.graph import Graph
 from roam_cli.core.memory import MemoryModel
 from roam_cli.recompute.flops import node_flops
@@ -23,6 +25,10 @@ def steps(graph: Graph, mm: MemoryModel, order: list[int]) -> list[Step]:
         if tiers is not None and i in tiers.transfers:
             out.append(Step(tiers.transfers[i], "", 0, mm.tensor_bytes[n.outputs[0]], after))
             continue
+        if (n.domain, n.op_type) in COLLECTIVES:  # the whole buffer: the all-gather's output, the reduce-scatter's input
+            whole = n.outputs[0] if (n.domain, n.op_type) == ALL_GATHER else n.inputs[0]
+            out.append(Step(COLLECTIVE, n.op_type, 0, graph.values[whole].nbytes, after))
+            continue
         touched = sum(mm.tensor_bytes[x] for x in {*n.inputs, *n.outputs})
         kind = "host" if tiers is not None and i in tiers.host_nodes else "device"
         out.append(Step(kind, n.op_type, node_flops(graph, n), touched, after))
@@ -30,8 +36,9 @@ def steps(graph: Graph, mm: MemoryModel, order: list[int]) -> list[Step]:
 
 
 def planned(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> Estimate:
-    """The estimated time (and energy) of the step run in `order` on `profile`'s device."""
-    return estimate(profile, steps(graph, mm, order))
+    """The estimated time (and energy) of the step run in `order` on `profile`'s device (a rank
+    step: one of its ranks, the others running the same order)."""
+    return estimate(profile, steps(graph, mm, order), ranks(graph.metadata))
 
 
 def floor(graph: Graph, mm: MemoryModel, profile: Profile) -> float:
@@ -39,11 +46,12 @@ def floor(graph: Graph, mm: MemoryModel, profile: Profile) -> float:
     steps one at a time, so the step takes at least the busiest stream's total, and that total is
     the same in every order. The total is summed here in the graph's node order, where `estimate`
     sums in the planned order: the two can differ in the last digits of a float."""
-    busy = estimate(profile, [replace(s, after=()) for s in steps(graph, mm, range(len(graph.nodes)))])
+    busy = estimate(profile, [replace(s, after=()) for s in steps(graph, mm, range(len(graph.nodes)))],
+                    ranks(graph.metadata))
     device = busy.device_compute_seconds + (0.0 if profile.overlap else busy.to_host_seconds + busy.to_device_seconds)
     link = (busy.to_host_seconds + busy.to_device_seconds if not profile.duplex
             else max(busy.to_host_seconds, busy.to_device_seconds))
-    return max(device, busy.host_compute_seconds, link if profile.overlap else 0.0)
+    return max(device, busy.host_compute_seconds, link if profile.overlap else 0.0, busy.network_seconds)
 
 
 def device_seconds(profile: Profile, steps: list[Step]) -> list[float]:

@@ -222,6 +222,8 @@ def summarize(plan: dict, top: int = 10, budget: dict | None = None) -> dict:
         summary["recompute"] = recompute_effect(plan)
     if "offload" in plan:
         summary["offload"] = offload_effect(plan)
+    if "sharding" in plan:
+        summary["sharding"] = plan["sharding"]
     if budget is not None:
         summary["budget"] = budget
     return summary
@@ -381,6 +383,30 @@ def offload_note(e: dict) -> str | None:
             "no order or layout changes; — where a figure needs the plan (a time without transfers needs none)")
 
 
+def sharding_lines(sh: dict, dims: dict) -> list[str]:
+    """A rank step's plan: the layout it is for, what its collectives move, their estimated time."""
+    n = sh["ranks"]
+    text = (f"one rank of {n} (fully sharded): {sh.get('parameters', 0):,} parameters and "
+            f"{sh.get('sharded_state', 0):,} optimizer state tensors held 1/{n} each")
+    batch = sh.get("batch")
+    if batch:
+        rows = dims.get(batch["rank"], batch["rank"]) if isinstance(batch["rank"], str) else batch["rank"]
+        text += f"; the rank's batch {rows} rows of the global {n * rows if isinstance(rows, int) else '?'}"
+    lines = [text]
+    c = sh.get("communication")
+    if c:
+        ag, rs = c["all_gather"], c["reduce_scatter"]
+        again = f", {ag['regathered']:,} of them gathering a parameter again in the backward" if ag.get("regathered") else ""
+        lines.append(f"communication per step: {ag['count']:,} all-gathers of {format_bytes(ag['bytes'])}{again}; "
+                     f"{rs['count']:,} reduce-scatters of {format_bytes(rs['bytes'])}; each rank sends "
+                     f"{format_bytes(c['sent_bytes'])} (and receives as much)")
+        lines.append(f"estimated on {c['profile']} ({c.get('interconnect', 'its interconnect')}): "
+                     f"{format_seconds(c['seconds'])} of communication, {format_seconds(c['exposed_seconds'])} exposed "
+                     f"(the compute waits for it) in a step of {format_seconds(c['step_seconds'])} — an estimate from "
+                     "the profile's figures, not a measurement")
+    return lines
+
+
 def format_seconds(x: float) -> str:
     return f"{x * 1e3:,.3g} ms" if x < 1 else f"{x:,.3g} s"
 
@@ -450,7 +476,8 @@ def headline(s: dict) -> list[tuple[str, str]]:
     rows.append(("nodes", f"{s['nodes']:,}"))
     if dims:
         rows.append(("dims", dims))
-    on = " on the device" if "offload" in s else ""  # a tiered plan: these count the device's bytes alone
+    # a tiered plan: these count the device's bytes alone; a rank step's plan: one rank's
+    on = " on the device" if "offload" in s else " per rank" if "sharding" in s else ""
     rows += [
         ("strategy", f"order {s['order_strategy']}, layout {s['layout_strategy']}"),
         ("persistent" + on, format_bytes(s["persistent_bytes"])),
@@ -509,6 +536,9 @@ def render_table(s: dict, console: Console) -> None:
         for row in recompute_rows(s["recompute"]):
             per_class.add_row(*row)
         console.print(per_class)
+    if "sharding" in s:
+        for line in sharding_lines(s["sharding"], s["dims"]):
+            console.print(line, highlight=False)
     if "offload" in s:
         for line in offload_lines_of(s["offload"]):
             console.print(line, highlight=False)
@@ -574,6 +604,8 @@ def render_markdown(s: dict) -> str:
     if "recompute" in s:
         parts += ["", recompute_line(s["recompute"]), "",
                   markdown_table(RECOMPUTE_COLUMNS, recompute_rows(s["recompute"]), {1, 2, 3, 4})]
+    if "sharding" in s:
+        parts += ["", *sharding_lines(s["sharding"], s["dims"])]
     if "offload" in s:
         parts += ["", *offload_lines_of(s["offload"]), "",
                   markdown_table(OFFLOAD_COLUMNS, offload_rows(s["offload"]), {1, 2, 3, 4, 5})]

@@ -2,8 +2,10 @@
 
 Products (MatMul, Gemm, FusedMatMul) cost 2·M·N·K, convolutions 2·(output elements)·(inputs per
 output), a convolution's gradient twice its convolution (the input and the weight gradient);
-every other op one per output element, views and shape queries nothing."""
+every other op one per output element, views, shape queries and a rank step's collectives nothing
+(they move bytes between ranks: the cost model prices them in seconds)."""
 
+from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.graph import Graph, Node
 from roam_cli.core.memory import VIEW_OPS
 
@@ -34,7 +36,7 @@ def inner_dim(op_type: str, a: tuple[int, ...], b: tuple[int, ...], out: tuple[i
 
 
 def node_flops(graph: Graph, node: Node) -> int:
-    if (node.domain, node.op_type) in VIEW_OPS or node.op_type in FREE:
+    if (node.domain, node.op_type) in VIEW_OPS or node.op_type in FREE or (node.domain, node.op_type) in COLLECTIVES:
         return 0
     shape = lambda name: graph.values[name].shape  # noqa: E731
     out = shape(node.outputs[0]) if node.outputs else ()

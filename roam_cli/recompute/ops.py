@@ -3,8 +3,11 @@
 A copy must compute the same values as the original from the same inputs: no random op (Dropout
 keeps its saved mask), no in-place write, no op with subgraphs or state. `free` copies only ops
 whose cost is a pass over their data (elementwise, shape and view, normalisation, activation);
-`budget` also copies the compute-bound products and reductions, which the FLOP count prices."""
+`budget` also copies the compute-bound products and reductions, which the FLOP count prices. Both
+gather a rank step's parameter again (roam shard's all-gather): it reads the rank's own shard,
+persistent, and costs no FLOP; its price is communication, which the report estimates."""
 
+from roam_cli.core.collectives import ALL_GATHER
 from roam_cli.core.graph import Node
 from roam_cli.core.memory import INPLACE_OPS
 
@@ -34,14 +37,17 @@ RANDOM = {"Dropout", "BitmaskDropout", "BiasDropout", "BitmaskBiasDropout", "Ran
 CLASSES = {**{op: "elementwise" for op in ELEMENTWISE}, **{op: "shape" for op in SHAPE},
            **{op: "normalisation" for op in NORMALISATION}, **{op: "activation" for op in ACTIVATION},
            **{op: "compute" for op in COMPUTE}, **{op: "reduction" for op in REDUCTION}}
-FREE_CLASSES = ("elementwise", "shape", "normalisation", "activation")
+COLLECTIVE = "collective"  # a parameter gathered again (FSDP's reshard after forward)
+FREE_CLASSES = ("elementwise", "shape", "normalisation", "activation", COLLECTIVE)
 MODE_CLASSES = {"free": FREE_CLASSES, "budget": FREE_CLASSES + ("compute", "reduction")}
 DOMAINS = ("", "com.microsoft")  # ops of other domains are unknown: never copied
 
 
 def op_class(node: Node) -> str | None:
-    """elementwise | shape | normalisation | activation | compute | reduction; None for an op no
-    recompute copies (random, in-place, control flow, unknown)."""
+    """elementwise | shape | normalisation | activation | compute | reduction | collective; None for
+    an op no recompute copies (random, in-place, control flow, unknown, a reduce-scatter)."""
+    if (node.domain, node.op_type) == ALL_GATHER:
+        return COLLECTIVE
     if node.domain not in DOMAINS or (node.domain, node.op_type) in INPLACE_OPS or node.op_type in RANDOM:
         return None
     return CLASSES.get(node.op_type)

@@ -1,0 +1,403 @@
+"""`roam shard`: the step of one of N ranks of fully sharded data parallelism (docs/sharding.md).
+
+A hand-made MLP (x [B, 3] @ fc1.weight [3, 5] -> tanh -> @ fc2.weight [5, 2] + fc2.bias [2] ->
+mean of squares) trained by roam's full step with AdamW: at N = 4 its parameters split into shards
+of 4, 3 and 1 elements (15, 10 and 2 elements padded to 16, 12 and 4). The rank step at N = 1 is
+the step itself (its collectives the identity); N ranks, each running its rank step on its rows
+of a global batch with the collectives done in numpy between the graph's parts, update the
+weights as the full step does on the whole batch. The sample's step plans and verifies at N = 2
+and 4, its parameters and moments 1/N of their bytes."""
+
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from conftest import SAMPLE, roam
+from onnx import helper
+from onnx_builder import model, node, save
+from test_functional_step import functional
+
+from roam_cli.backward.step import build as roam_backward
+from roam_cli.core import memory
+from roam_cli.core.collectives import ALL_GATHER, REDUCE_SCATTER, SHARDING_KEY
+from roam_cli.core.errors import RoamError
+from roam_cli.frontend import training_graph
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.shard import shard
+from roam_cli.shard.arithmetic import join, padding, shard_size, split
+
+ROWS = 2  # each rank's batch
+SHAPES = {"fc1.weight": (3, 5), "fc2.weight": (5, 2), "fc2.bias": (2,)}
+
+
+def mlp(rows: int) -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    inits = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
+    nodes = [node("MatMul", ["x", "fc1.weight"], ["h"]), node("Tanh", ["h"], ["a"]),
+             node("MatMul", ["a", "fc2.weight"], ["y0"]), node("Add", ["y0", "fc2.bias"], ["y"]),
+             node("Mul", ["y", "y"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    return model(nodes, [("x", [rows, 3])], [("loss", [])], initializers=inits)
+
+
+def full_step(folder, rows: int):
+    save(mlp(rows), folder / f"forward{rows}.onnx")
+    path = folder / f"step{rows}.onnx"
+    training_graph.make(folder / f"forward{rows}.onnx", path, loss="none", in_graph=True, backward=roam_backward)
+    return path
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """{"roam": full step of ROWS rows, "functional": the same written as other tools write it,
+    "global4": the full step of 4 x ROWS rows}, as paths."""
+    d = tmp_path_factory.mktemp("mlp")
+    made = {"roam": full_step(d, ROWS), "global4": full_step(d, 4 * ROWS), "global2": full_step(d, 2 * ROWS)}
+    made["functional"] = d / "functional.onnx"
+    save(functional(made["roam"]), made["functional"])
+    return made
+
+
+def initial_state(rng) -> dict[str, np.ndarray]:
+    """Weights, and moments as after some steps (positive second moments), for every state input."""
+    state = {}
+    for name, shape in SHAPES.items():
+        state[name] = rng.standard_normal(shape).astype(np.float32)
+        state[f"{name}.exp_avg"] = (0.1 * rng.standard_normal(shape)).astype(np.float32)
+        state[f"{name}.exp_avg_sq"] = (0.01 * rng.random(shape) + 0.001).astype(np.float32)
+    return state | {"learning_rate": np.array([0.01], np.float32), "step": np.array([3], np.int64)}
+
+
+def run(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
+    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    names = [o.name for o in session.get_outputs()]
+    return dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
+
+
+def new_value(m: onnx.ModelProto, state: str) -> str:
+    """The graph output that replaces `state` (roam's `.out`, or the functional step's renamed one)."""
+    pairs = json.loads({p.key: p.value for p in m.metadata_props}[memory.INPLACE_KEY])
+    return next(out for out, s in pairs.items() if s == state)
+
+
+# ---- shard arithmetic ---------------------------------------------------------------------------
+
+def test_a_parameter_splits_into_ceil_numel_over_n_elements_zero_padded():
+    assert (shard_size(15, 4), padding(15, 4)) == (4, 1)  # [3, 5] over 4 ranks: 4 each, 16 in all
+    assert (shard_size(10, 4), padding(10, 4)) == (3, 2)
+    assert (shard_size(2, 4), padding(2, 4)) == (1, 2)  # fewer elements than ranks: one each, two zeros
+    assert (shard_size(16, 4), padding(16, 4)) == (4, 0)
+    assert (shard_size(7, 1), padding(7, 1)) == (7, 0)
+    value = np.arange(15, dtype=np.float32).reshape(3, 5)
+    shards = split(value, 4)
+    assert [s.tolist() for s in shards] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9, 10, 11], [12, 13, 14, 0]]
+    assert np.array_equal(join(shards, (3, 5)), value)
+
+
+# ---- the rank step --------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("form", ["roam", "functional"])
+def test_each_parameter_is_gathered_once_and_each_gradient_reduce_scattered(steps, form):
+    m, record = shard(steps[form], 4)
+    g = m.graph
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in [*g.input, *g.output]}
+    for name, shard_elements in {"fc1.weight": 4, "fc2.weight": 3, "fc2.bias": 1}.items():
+        for state in (name, f"{name}.exp_avg", f"{name}.exp_avg_sq"):
+            assert shapes[state] == [shard_elements]  # the same name, a flat shard
+            assert shapes[new_value(m, state)] == [shard_elements]
+        gathers = [n for n in g.node if (n.domain, n.op_type) == ALL_GATHER and n.input[0] == name]
+        assert len(gathers) == 1
+        assert {a.name: helper.get_attribute_value(a) for a in gathers[0].attribute} == {"group_size": 4, "axis": 0}
+    assert shapes["x"] == [ROWS, 3] and shapes["step"] == [1]  # the rank's rows; the counter whole
+    scatters = [n for n in g.node if (n.domain, n.op_type) == REDUCE_SCATTER]
+    assert sorted(n.input[0] for n in scatters) == sorted(f"{p}_grad.padded" for p in SHAPES)  # all three padded
+    assert {a.name: helper.get_attribute_value(a) for a in scatters[0].attribute} == {
+        "group_size": 4, "axis": 0, "reduction": b"mean"}
+    pads = {n.input[0]: onnx.numpy_helper.to_array(next(t for t in g.initializer if t.name == n.input[1])).tolist()
+            for n in g.node if n.op_type == "Pad"}
+    assert pads == {"fc1.weight_grad.flat": [0, 1], "fc2.weight_grad.flat": [0, 2], "fc2.bias_grad.flat": [0, 2]}
+    onnx.checker.check_model(m)
+    assert record == json.loads({p.key: p.value for p in m.metadata_props}[SHARDING_KEY])
+    assert record["ranks"] == 4
+    assert record["parameters"] == {"fc1.weight": {"shape": [3, 5], "numel": 15, "shard": 4},
+                                    "fc2.weight": {"shape": [5, 2], "numel": 10, "shard": 3},
+                                    "fc2.bias": {"shape": [2], "numel": 2, "shard": 1}}
+    assert record["state"] == {f"{p}.{m}": p for p in SHAPES for m in ("exp_avg", "exp_avg_sq")}
+    assert sorted(record["replicated"]) == ["learning_rate", "step"]
+    assert record["data_inputs"] == ["x"]
+    assert record["batch"] == {"rank": ROWS, "global": 4 * ROWS}
+
+
+def test_the_collectives_are_ordinary_nodes_of_the_memory_model(steps, tmp_path):
+    m, _ = shard(steps["roam"], 4)
+    save(m, tmp_path / "rank.onnx")
+    graph = import_model(tmp_path / "rank.onnx").graph
+    # shape rules: [4] gathered from 4 ranks is [16]; [16] reduce-scattered over 4 is [4]
+    assert graph.values["fc1.weight.gathered"].shape == (16,)
+    assert graph.values["fc1.weight.full"].shape == (3, 5)
+    assert graph.values["fc1.weight_grad.shard"].shape == (4,)
+    mm = memory.build(graph)
+    roots = {s.root: s for s in mm.storages}
+    assert roots["fc1.weight.gathered"].kind == "activation"  # made in the forward, planned in the arena
+    assert roots["fc1.weight_grad.shard"].kind == "gradient"  # the reduce-scatter is the backward's
+    assert mm.storage_of["fc1.weight.full"] == "fc1.weight.unpadded"  # a view of the sliced copy
+    assert mm.persistent["fc1.weight"] == "parameter" and mm.persistent["fc1.weight.exp_avg"] == "optimizer_state"
+    assert mm.storage_of["fc1.weight.out"] == "fc1.weight"  # updated in place, on the shard
+
+
+def test_shape_rules_gather_n_blocks_and_scatter_one(tmp_path):
+    def collective(size: int, op: tuple[str, str], group: int) -> str:
+        m = model([node(op[1], ["a"], ["b"], domain=op[0], group_size=group, axis=0)], [("a", [size])], [("b", None)])
+        m.opset_import.append(helper.make_opsetid(op[0], 1))
+        return save(m, tmp_path / f"{op[1]}{size}.onnx")
+
+    assert import_model(collective(4, ALL_GATHER, 3)).graph.values["b"].shape == (12,)
+    assert import_model(collective(12, REDUCE_SCATTER, 3)).graph.values["b"].shape == (4,)
+    with pytest.raises(RoamError, match="cannot determine the size of 1 tensors: b"):
+        import_model(collective(10, REDUCE_SCATTER, 3))  # 3 ranks do not split 10 elements
+
+
+def collectives_as_identity(m: onnx.ModelProto) -> onnx.ModelProto:
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    for n in out.graph.node:
+        if (n.domain, n.op_type) in (ALL_GATHER, REDUCE_SCATTER):
+            n.op_type, n.domain = "Identity", ""
+            del n.attribute[:]
+    return out
+
+
+@pytest.mark.parametrize("form", ["roam", "functional"])
+def test_the_rank_step_of_one_rank_is_the_step(steps, form):
+    """At N = 1 a gather and a mean over one rank are the identity: same loss, same new state."""
+    m, _ = shard(steps[form], 1)
+    state = initial_state(np.random.default_rng(1))
+    x = np.random.default_rng(2).standard_normal([ROWS, 3]).astype(np.float32)
+    full = run(onnx.load(steps[form]), state | {"x": x})
+    rank = run(collectives_as_identity(m), {k: v.reshape(-1) if k not in ("learning_rate", "step") else v
+                                            for k, v in state.items()} | {"x": x})
+    assert rank["loss"] == full["loss"]
+    for name in state:
+        if name != "learning_rate":
+            out = new_value(m, name)
+            assert np.array_equal(rank[out].reshape(full[out].shape), full[out]), name
+
+
+def parts(m: onnx.ModelProto) -> onnx.ModelProto:
+    """The rank step without its collectives: their outputs inputs of the graph, the reduce-scatters'
+    inputs outputs of it (a rank's computation between its collectives, run by ONNX Runtime)."""
+    out = onnx.ModelProto()
+    out.CopyFrom(m)
+    g = out.graph
+    collectives = [n for n in g.node if (n.domain, n.op_type) in (ALL_GATHER, REDUCE_SCATTER)]
+    typed = {vi.name: vi for vi in g.value_info}
+    for n in collectives:
+        g.node.remove(n)
+        g.input.append(typed[n.output[0]])
+        if n.op_type == "ReduceScatter":
+            g.output.append(typed[n.input[0]])
+    return out
+
+
+def simulate(m: onnx.ModelProto, ranks: int, feeds: list[dict]) -> list[dict]:
+    """Every rank's outputs of rank step `m`, the collectives done in numpy: an all-gather
+    concatenates the ranks' shards in rank order, a reduce-scatter gives rank r block r of the
+    mean over ranks. Gathers read state only and reduce-scatters feed the update only, so each rank
+    runs its computation twice: once for what it reduce-scatters, once with the reduced shards."""
+    inner = parts(m)
+    gathers = [n for n in m.graph.node if (n.domain, n.op_type) == ALL_GATHER]
+    scatters = [n for n in m.graph.node if (n.domain, n.op_type) == REDUCE_SCATTER]
+    gathered = {n.output[0]: np.concatenate([f[n.input[0]] for f in feeds]) for n in gathers}
+    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in m.graph.value_info}
+    unreduced = {n.output[0]: np.zeros(shapes[n.output[0]], np.float32) for n in scatters}
+    first = [run(inner, f | gathered | unreduced) for f in feeds]
+    reduced = [{n.output[0]: np.split(np.mean([o[n.input[0]] for o in first], axis=0), ranks)[r] for n in scatters}
+               for r in range(ranks)]
+    return [run(inner, f | gathered | reduced[r]) for r, f in enumerate(feeds)]
+
+
+@pytest.mark.parametrize("form,ranks", [("roam", 4), ("roam", 2), ("functional", 4)])
+def test_n_ranks_update_the_weights_as_the_full_step_on_the_global_batch(steps, form, ranks):
+    m, _ = shard(steps[form], ranks)
+    state = initial_state(np.random.default_rng(3))
+    x = np.random.default_rng(4).standard_normal([ranks * ROWS, 3]).astype(np.float32)
+    reference = run(onnx.load(steps[f"global{ranks}"]), state | {"x": x})
+    feeds = []
+    for r in range(ranks):
+        mine = {name: split(v, ranks)[r] for name, v in state.items() if name not in ("learning_rate", "step")}
+        feeds.append(mine | {"learning_rate": state["learning_rate"], "step": state["step"],
+                             "x": x[r * ROWS:(r + 1) * ROWS]})
+    outs = simulate(m, ranks, feeds)
+    # the mean of the ranks' losses is the loss of the whole batch (equal rows per rank)
+    assert np.mean([o["loss"] for o in outs]) == pytest.approx(float(reference["loss"]), rel=1e-6)
+    for name in state:
+        if name == "learning_rate":
+            continue
+        out = new_value(m, name)
+        if name == "step":
+            assert all(o[out].tolist() == [4] for o in outs)
+            continue
+        shape = SHAPES[name.split(".exp_avg")[0]]
+        joined = join([o[out] for o in outs], shape)
+        np.testing.assert_allclose(joined, reference[f"{name}.out"], rtol=1e-5, atol=1e-6, err_msg=name)
+        pad = padding(int(np.prod(shape)), ranks)
+        assert not np.any(outs[-1][out][len(outs[-1][out]) - pad:])  # the last rank's padding stays zero
+
+
+def test_a_symbolic_batch_stays_symbolic_and_the_plan_binds_it(steps, tmp_path):
+    m = onnx.load(steps["functional"])
+    m.graph.input[0].type.tensor_type.shape.dim[0].dim_param = "batch"  # x: [batch, 3]
+    save(m, tmp_path / "symbolic.onnx")
+    made = roam("shard", tmp_path / "symbolic.onnx", "--ranks", "4", "-o", tmp_path / "rank.onnx", "--json")
+    assert made.code == 0, made.err
+    assert made.json()["batch"] == {"rank": "batch", "global": None}
+    rank = onnx.load(tmp_path / "rank.onnx")
+    assert rank.graph.input[0].type.tensor_type.shape.dim[0].dim_param == "batch"
+    planned = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "plan.json", "--dim", "batch=2")
+    assert planned.code == 0, planned.err
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    assert plan["dims"] == {"batch": 2} and plan["sharding"]["batch"] == {"rank": "batch", "global": None}
+    assert "the rank's batch 2 rows of the global 8" in roam("report", tmp_path / "plan.json").out
+
+
+# ---- refused: one line, exit 2, nothing written -----------------------------------------------------
+
+def test_a_bad_rank_count_or_a_step_without_parameters_is_refused(steps, tmp_path):
+    for args, message in (
+        ((steps["roam"], "--ranks", "0"), "--ranks must be at least 1, got 0"),
+        ((steps["roam"].parent / "forward2.onnx", "--ranks", "2"), "updates no parameter from a gradient"),
+    ):
+        run_ = roam("shard", *args, "-o", tmp_path / "rank.onnx")
+        assert run_.code == 2 and message in run_.err and len(run_.err.strip().splitlines()) == 1, run_.err
+        assert not (tmp_path / "rank.onnx").exists()
+    save(shard(steps["roam"], 2)[0], tmp_path / "rank2.onnx")
+    again = roam("shard", tmp_path / "rank2.onnx", "--ranks", "2", "-o", tmp_path / "again.onnx")
+    assert again.code == 2 and "already a rank step" in again.err
+
+
+def with_extra_input(path, tmp_path, shape, name="scale") -> str:
+    """The step with one more data input, multiplied into the prediction before the loss."""
+    m = onnx.load(path)
+    for n in m.graph.node:
+        if n.op_type == "Mul" and list(n.input) == ["y", "y"]:
+            n.input[:] = ["y.scaled", "y.scaled"]
+    m.graph.node.insert(0, node("Mul", ["y", name], ["y.scaled"]))
+    m.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
+    out = tmp_path / f"extra_{len(shape)}.onnx"
+    onnx.save(m, out)
+    return str(out)
+
+
+def test_data_inputs_whose_batch_cannot_be_split_are_refused(steps, tmp_path):
+    # (the added node is out of topological place; import sorts it)
+    with pytest.raises(RoamError, match=r"data inputs 'x' and 'scale' disagree on the batch \(2 and 1 rows\)"):
+        shard(with_extra_input(steps["roam"], tmp_path, [1, 2]), 2)
+    with pytest.raises(RoamError, match="data input 'scale' is a scalar"):
+        shard(with_extra_input(steps["roam"], tmp_path, []), 2)
+
+
+def test_an_update_that_needs_the_whole_gradient_is_refused(steps, tmp_path):
+    """Gradient clipping by a norm: the update reads a scalar made from all of fc1.weight's gradient."""
+    m = onnx.load(steps["roam"])
+    g = m.graph
+    first = next(n for n in g.node if "fc1.weight_grad" in n.input and n.op_type == "Mul")
+    first.input[list(first.input).index("fc1.weight_grad")] = "clipped"
+    at = list(g.node).index(first)
+    g.node.insert(at, node("Mul", ["fc1.weight_grad", "norm"], ["clipped"]))
+    g.node.insert(at, node("ReduceL2", ["fc1.weight_grad"], ["norm"], keepdims=0))
+    save(m, tmp_path / "clipped.onnx")
+    with pytest.raises(RoamError, match="gradient 'fc1.weight_grad' is read by update node 'norm_node' "
+                                        r"\(ReduceL2\), which needs all of it"):
+        shard(tmp_path / "clipped.onnx", 2)
+
+
+# ---- planned: the sample's step ---------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def sample_plans(tmp_path_factory):
+    """The sample's full step sharded over 2 and 4 ranks and planned: the folder."""
+    d = tmp_path_factory.mktemp("sample_shard")
+    made = roam("make-training-graph", SAMPLE, "-o", d / "step.onnx", "--in-graph-optimizer")
+    assert made.code == 0, made.err
+    for n in (2, 4):
+        for command in (("shard", d / "step.onnx", "--ranks", n, "-o", d / f"rank{n}.onnx"),
+                        ("optimize", d / f"rank{n}.onnx", "-o", d / f"plan{n}.json")):
+            done = roam(*command)
+            assert done.code == 0, done.err
+    return d
+
+
+@pytest.mark.parametrize("ranks", [2, 4])
+def test_the_sample_s_rank_steps_plan_and_verify(sample_plans, ranks):
+    d = sample_plans
+    assert roam("verify", d / f"rank{ranks}.onnx", d / f"plan{ranks}.json").code == 0
+    plan = json.loads((d / f"plan{ranks}.json").read_text())
+    sharding = plan["sharding"]
+    assert (sharding["ranks"], sharding["parameters"], sharding["sharded_state"]) == (ranks, 28, 56)
+    assert sharding["batch"] == {"rank": 2, "global": 2 * ranks}
+    c = sharding["communication"]
+    assert c["all_gather"]["count"] == c["reduce_scatter"]["count"] == 28 and c["all_gather"]["regathered"] == 0
+    # the sample's 136,960 parameter elements, none padded at 2 or 4 ranks, gathered once and reduced once
+    assert c["all_gather"]["bytes"] == c["reduce_scatter"]["bytes"] == 136_960 * 4
+    assert c["sent_bytes"] == 2 * 136_960 * 4 * (ranks - 1) // ranks
+    tensors = {t["name"]: t for t in plan["tensors"]}
+    # wte [512, 64] and its two moments: 1/N of 128 KiB each, on every rank
+    for name in ("transformer.wte.weight", "transformer.wte.weight.exp_avg", "transformer.wte.weight.exp_avg_sq"):
+        assert tensors[name]["bytes"] == 512 * 64 * 4 // ranks and tensors[name]["offset"] is None
+    assert tensors["transformer.wte.weight.gathered"]["bytes"] == 512 * 64 * 4  # gathered in the arena
+    assert tensors["transformer.wte.weight.gathered"]["offset"] is not None
+
+
+def test_recompute_gathers_a_parameter_again_in_the_backward(steps, tmp_path):
+    """The MLP's backward reads fc2.weight alone (fc1's input gradient is not needed): kept from
+    the forward without recompute, gathered again with it."""
+    save(shard(steps["roam"], 2)[0], tmp_path / "rank.onnx")
+    for mode, regathered in (("off", 0), ("free", 1)):
+        run_ = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / f"{mode}.json", "--recompute", mode)
+        assert run_.code == 0, run_.err
+        plan = json.loads((tmp_path / f"{mode}.json").read_text())
+        assert plan["sharding"]["communication"]["all_gather"]["regathered"] == regathered
+        assert roam("verify", tmp_path / plan["model"]["path"], tmp_path / f"{mode}.json").code == 0
+    copies = [n for n in plan["recompute"]["nodes"] if n["op_type"] == "AllGather"]
+    assert [(n["of"], n["class"], n["flops"]) for n in copies] == [("fc2.weight/all_gather", "collective", 0)]
+
+
+def test_the_communication_is_estimated_on_the_profile_s_interconnect(steps, tmp_path):
+    save(shard(steps["roam"], 4)[0], tmp_path / "rank.onnx")
+    run_ = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "ib.json", "--device", "infiniband-ndr-gpu")
+    assert run_.code == 0, run_.err
+    c = json.loads((tmp_path / "ib.json").read_text())["sharding"]["communication"]
+    # 3 gathers and 3 reduce-scatters of 16, 12 and 4 floats: rings over 4 ranks at 50 GB/s, 9.6 us a hop
+    assert c["all_gather"]["bytes"] == c["reduce_scatter"]["bytes"] == (16 + 12 + 4) * 4
+    assert c["seconds"] == pytest.approx(3 / 4 * 2 * 128 / 50e9 + 6 * 3 * 9.6e-6)
+    assert c["sent_bytes"] == 2 * 128 * 3 // 4 and c["profile"] == "infiniband-ndr-gpu"
+    assert 0 < c["exposed_seconds"] <= c["seconds"]
+    refused = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "pcie.json", "--device", "pcie-gen4-gpu")
+    assert refused.code == 2 and "'pcie-gen4-gpu' has no interconnect for a rank step's collectives" in refused.err
+    assert not (tmp_path / "pcie.json").exists()
+
+
+def test_verify_refuses_a_plan_for_another_rank_layout(sample_plans, tmp_path):
+    d = sample_plans
+    plan = json.loads((d / "plan2.json").read_text())
+    plan["sharding"]["ranks"] = 4
+    (tmp_path / "other.json").write_text(json.dumps(plan))
+    (tmp_path / "rank2.onnx").write_bytes((d / "rank2.onnx").read_bytes())
+    checked = roam("verify", tmp_path / "rank2.onnx", tmp_path / "other.json")
+    assert checked.code == 1 and "is for 4 ranks, but the model is the step of one of 2 ranks" in checked.err
+    del plan["sharding"]
+    (tmp_path / "none.json").write_text(json.dumps(plan))
+    checked = roam("verify", tmp_path / "rank2.onnx", tmp_path / "none.json")
+    assert checked.code == 1 and "records no sharding" in checked.err
+
+
+def test_the_report_shows_the_rank_and_its_communication(sample_plans):
+    d = sample_plans
+    shown = roam("report", d / "plan4.json")
+    assert shown.code == 0, shown.err
+    assert "one rank of 4 (fully sharded): 28 parameters and 56 optimizer state tensors held 1/4 each" in shown.out
+    assert "the rank's batch 2 rows of the global 8" in shown.out
+    assert "28 all-gathers of 535.00 KiB" in shown.out and "28 reduce-scatters of 535.00 KiB" in shown.out
+    assert "estimated on nvlink4-gpu" in shown.out and "exposed" in shown.out
+    assert "total (persistent + arena) per rank" in shown.out
