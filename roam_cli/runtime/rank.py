@@ -8,7 +8,7 @@ without the plan; and at the end gathers the parameters' shards on rank 0 (MPI_G
 writes them whole to FOLDER/weights.npz.
 
 What it tells the launcher goes through files in FOLDER, not MPI: `rank<r>.status`, rewritten every
-HEARTBEAT_S seconds by a thread (pid, time, phase, step, collectives entered and left);
+HEARTBEAT_S seconds by a thread and at each phase (pid, time, phase, collectives entered and left);
 `rank<r>.steps`, a JSON line per step finished; at the end `rank<r>.json` (its figures) or
 `rank<r>.error` (what stopped it). A rank that fails stops every rank (MPI_Abort): the others would
 wait for it in the next collective. A rank whose launcher is gone ends itself."""
@@ -38,7 +38,8 @@ class Reporter:
 
     def __init__(self, folder: Path, rank: int, launcher: int):
         self.folder, self.rank, self.launcher = folder, rank, launcher
-        self.phase, self.step = "start", 0
+        self.phase = "start"
+        self.lock = threading.Lock()  # the thread's beat and the phase's
         self.steps = open(folder / f"rank{rank}.steps", "a")
         self.beat()
         threading.Thread(target=self.beat_forever, daemon=True).start()
@@ -51,8 +52,14 @@ class Reporter:
 
     def beat(self) -> None:
         p = collectives.progress
-        self.write(f"rank{self.rank}.status", json.dumps({"pid": os.getpid(), "time": time.time(), "phase": self.phase,
-                                                          "step": self.step, "entered": p.entered, "left": p.left}))
+        with self.lock:
+            self.write(f"rank{self.rank}.status", json.dumps({"pid": os.getpid(), "time": time.time(),
+                                                              "phase": self.phase, "entered": p.entered, "left": p.left}))
+
+    def begin(self, phase: str) -> None:
+        """This rank is now in `phase`: "planned" (its steps), "plain" (--compare's), "gather"."""
+        self.phase = phase
+        self.beat()
 
     def beat_forever(self) -> None:
         while True:
@@ -64,7 +71,6 @@ class Reporter:
             self.beat()
 
     def step_done(self, phase: str, result: StepResult) -> None:
-        self.phase, self.step = phase, result.number
         self.steps.write(json.dumps({"phase": phase, "step": result.number, "seconds": result.seconds,
                                      "outputs": {n: v.tolist() for n, v in result.outputs.items() if v.size == 1},
                                      "memory": result.memory}) + "\n")
@@ -77,8 +83,7 @@ class Reporter:
         """What stopped this rank, written down; returns the exit code it calls for."""
         kind = "usage" if isinstance(e, RoamError) else "check" if isinstance(e, CheckFailed) else "internal"
         message = str(e).splitlines()[0] if kind != "internal" else f"{type(e).__name__}: {first_line(e)}"
-        self.write(f"rank{self.rank}.error", json.dumps({"kind": kind, "message": message, "phase": self.phase,
-                                                         "step": self.step}))
+        self.write(f"rank{self.rank}.error", json.dumps({"kind": kind, "message": message}))
         return EXIT_CODES[kind]
 
 
@@ -111,7 +116,7 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         def batch_of(k: int, s: PlannedSession) -> dict[str, np.ndarray]:
             return {name: layout.of_rank(name, v, rank) for name, v in batch_for(k, start, arrays, s, shapes).items()}
 
-        reporter.phase = "planned"
+        reporter.begin("planned")
         rows = []
         for k in range(1, job["steps"] + 1):
             rows.append(session.step(batch_of(k, session)))
@@ -119,13 +124,14 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         figures = {"rank": rank, "pid": os.getpid(), "synthesised_inputs": synthesised,
                    "weights_from": str(session.source.path) if exported else None, "weights_unread": unread,
                    "arena": session.arena.layout if session.arena else None,
+                   "collective_outputs": collective_outputs(session),
                    "per_step": [{"step": r.number, "seconds": r.seconds, "memory": r.memory} for r in rows]}
         if job["compare"]:
-            reporter.phase = "plain"
+            reporter.begin("plain")
             figures["compare"] = compare_with_plain(model_path, plan, mine, batch_of, rows, session, "cpu", job["seed"],
                                                     collective=True, threads=job["threads"],
                                                     on_step=lambda r: reporter.step_done("plain", r))
-        reporter.phase = "gather"
+        reporter.begin("gather")
         trained = [n for n in session.state_names if kinds.get(n) == "parameter" or n in exported]
         whole = gathered(comm, session.state_arrays(), trained, layout)
         if rank == 0:
@@ -133,6 +139,18 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         return figures
     finally:
         session.close()
+
+
+def collective_outputs(session: PlannedSession) -> dict | None:
+    """The collectives' outputs the plan places, and those roam's allocator serves at their plan offsets
+    (None without it)."""
+    arena = session.arena
+    if arena is None or arena.planned is None:
+        return None
+    made = {n.name for n in session.graph.nodes if (n.domain, n.op_type) in collectives.OPS}
+    planned = [t.name for t in arena.planned if t.node in made]
+    served = [arena.planned[m].name for k, m in enumerate(arena.matched) if arena.at_offset(k) and arena.planned[m].node in made]
+    return {"planned": planned, "at_plan_offset": served}
 
 
 def gathered(comm, state: dict[str, np.ndarray], names: list[str], layout) -> dict[str, np.ndarray]:

@@ -38,6 +38,7 @@ from roam_cli.runtime.train import RTOL
 
 DEFAULT_TIMEOUT = 300.0
 POLL_S = 0.05
+END_S = 5.0  # how long mpiexec gets to end after its ranks were killed
 STALE_S = 5.0  # a heartbeat older than this (rank.HEARTBEAT_S is 0.5 s) is a rank that stopped
 
 
@@ -180,16 +181,17 @@ class Run:
             return None
 
     def where(self, r: int, status: dict | None) -> str:
-        """Where rank r was, in words: the step it was in."""
-        if status is None or status["phase"] == "start" and status["step"] == 0:
-            return "while starting"
-        if status["phase"] == "gather":
-            return "while gathering the weights"
-        phase = "" if status["phase"] == "planned" else " of the run without the plan"
-        return f"in step {min(status['step'] + 1, self.steps)} of {self.steps}{phase}"
+        """Where rank r was, in words: the step it was in (the one after the last it finished)."""
+        phase = status["phase"] if status else "start"
+        if phase in ("start", "gather"):
+            return "while starting" if phase == "start" else "while gathering the weights"
+        done = sum(line["phase"] == phase for line in self.lines[r])
+        which = "" if phase == "planned" else " of the run without the plan"
+        return f"in step {min(done + 1, self.steps)} of {self.steps}{which}"
 
     def hung(self) -> str:
         """The rank to blame for a hang, in words."""
+        self.read_steps()
         now = time.time()
         statuses = [self.status(r) for r in range(self.ranks)]
         silent = [r for r, s in enumerate(statuses) if s is None]
@@ -209,6 +211,7 @@ class Run:
 
     def failure(self, code: int) -> Exception:
         """Why mpiexec ended with `code`: the error a rank wrote (the first), else the rank mpiexec saw die."""
+        self.read_steps()  # each rank's last steps, for where it was
         errors = sorted((path.stat().st_mtime, int(path.stem[4:]), json.loads(path.read_text()))
                         for path in self.folder.glob("rank*.error"))
         if errors:
@@ -228,22 +231,22 @@ class Run:
         return CheckFailed(f"rank {r} died {self.where(r, statuses[r])} ({how}); every rank was stopped")
 
     def end(self) -> None:
-        """Every rank and mpiexec ended (each rank is in a session of its own: by its pid)."""
-        if self.proc is None:
+        """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own), then
+        mpiexec, given END_S to see them die and clean up (its proxy reaps them) before it is killed too."""
+        if self.proc is None or self.proc.poll() is not None:
             return
-        if self.proc.poll() is None:
-            for r in range(self.ranks):
-                s = self.status(r)
-                if s is not None:
-                    try:
-                        os.kill(s["pid"], signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
-            try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        self.proc.wait()
+        for r in range(self.ranks):
+            s = self.status(r)
+            if s is not None:
+                try:
+                    os.kill(s["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.proc.wait(END_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
 
 
 def summary(run: Run, per_rank: list[dict], model_path: Path, plan: dict, allocator: str, seed: int) -> dict:
@@ -256,7 +259,7 @@ def summary(run: Run, per_rank: list[dict], model_path: Path, plan: dict, alloca
                         "persistent_bytes": plan["persistent_bytes"]},
                "per_step": [{key: row[key] for key in ("step", "outputs", "rank_outputs", "seconds", "memory")}
                             for row in planned],
-               "per_rank": [{"rank": f["rank"], "pid": f["pid"], "arena": f["arena"]} for f in per_rank]}
+               "per_rank": [{key: f[key] for key in ("rank", "pid", "arena", "collective_outputs")} for f in per_rank]}
     if "compare" in per_rank[0]:
         each = [f["compare"] for f in per_rank]
         figures["compare"] = {"outputs_max_rel": max(c["outputs_max_rel"] for c in each),
@@ -292,7 +295,9 @@ def render_summary(result: dict, console) -> None:
                       f"step (plan arena {format_bytes(result['plan']['arena_bytes'])}); "
                       + (f"{at_plan} of {a['planned_requests']} planned requests at their plan offset; "
                          if rows[1:] else "")
-                      + f"{unplanned} unplanned requests after step 1", highlight=False, soft_wrap=True)
+                      + f"{unplanned} unplanned requests after step 1"
+                      + (f"; {len(c['at_plan_offset'])} of the collectives' {len(c['planned'])} planned outputs among them"
+                         if (c := rank["collective_outputs"]) else ""), highlight=False, soft_wrap=True)
     if result.get("weights_from"):
         console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
     if result.get("weights_unread"):
