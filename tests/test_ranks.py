@@ -68,7 +68,8 @@ def test_without_mpi_the_run_is_refused_saying_what_to_install(steps, monkeypatc
 def test_a_wrong_world_size_or_a_plan_for_another_layout_is_refused_in_one_line(steps, tmp_path):
     r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json", "--ranks", 4)
     assert r.code == 2 and r.err.count("\n") == 1 and "--ranks 4, but" in r.err and "one of 2 ranks" in r.err
-    plan = json.loads((steps / "rank2.plan.json").read_text()) | {"sharding": {"ranks": 4}}
+    plan = json.loads((steps / "rank2.plan.json").read_text())
+    plan.setdefault("sharding", {})["ranks"] = 4
     (tmp_path / "plan.json").write_text(json.dumps(plan))
     r = roam("train", steps / "rank2.onnx", "--plan", tmp_path / "plan.json", "--ranks", 2)
     assert r.code == 2 and r.err.count("\n") == 1 and "made for a layout of 4 ranks" in r.err
