@@ -78,6 +78,15 @@ def test_a_wrong_world_size_or_a_plan_for_another_layout_is_refused_in_one_line(
 
 
 @needs_mpi
+def test_the_plan_of_the_four_rank_step_is_refused_for_the_two_rank_one(steps, tmp_path):
+    # refused by the launcher (a plan that records its layout) or by every rank (the pair check), which
+    # then ends the others: one line either way, nothing written
+    r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank4.plan.json", "--ranks", 2,
+             "--save-weights", tmp_path / "trained.npz")
+    assert r.code == 2 and r.err.count("\n") == 1 and not (tmp_path / "trained.npz").exists(), r.err
+
+
+@needs_mpi
 def test_two_ranks_gather_and_reduce_scatter_by_hand(tmp_path):
     run = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "collective_values.py"),
                           str(tmp_path)], capture_output=True, text=True, timeout=120,

@@ -18,6 +18,8 @@ another rank does not reach it tells the launcher which rank hangs (`ranks.py`).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 import onnx
 
@@ -30,11 +32,12 @@ ELEMENT_TYPES = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.DOUBLE: "doub
 INSTALL = "pip install mpich mpi4py onnxruntime-extensions (or roam's extra: pip install 'onnx-roam[mpi]')"
 
 
+@dataclass
 class Progress:
     """How many collectives this process entered and left (plain ints: read by a heartbeat thread)."""
 
-    entered = 0
-    left = 0
+    entered: int = 0
+    left: int = 0
 
 
 progress = Progress()
@@ -84,8 +87,8 @@ def runnable(model: onnx.ModelProto, dtypes: dict[str, int]) -> onnx.ModelProto:
             raise RoamError(f"node {n.name!r} ({n.op_type}) is over {name} values; roam's MPI collectives run "
                             f"{' and '.join(onnx.TensorProto.DataType.Name(t) for t in ELEMENT_TYPES)}")
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
-        reduction = attrs.get("reduction", b"sum")
-        if key == SCATTER and (reduction.decode() if isinstance(reduction, bytes) else reduction) not in REDUCTIONS:
+        reduction = attrs.get("reduction", b"sum").decode()  # ONNX string attributes are bytes
+        if key == SCATTER and reduction not in REDUCTIONS:
             raise RoamError(f"node {n.name!r} (ReduceScatter) has reduction {reduction!r}; roam runs sum and mean")
         if _comm is not None and attrs.get("group_size") != _comm.size:
             raise RoamError(f"node {n.name!r} ({n.op_type}) has group_size {attrs.get('group_size')}; "
@@ -138,10 +141,10 @@ def _define_ops() -> None:
     ints = {"group_size": PyCustomOpDef.dt_int64, "axis": PyCustomOpDef.dt_int64}
     for name, t in types.items():
         onnx_op(op_type=f"RoamAllGather_{name}", inputs=[t], outputs=[t], attrs=ints)(
-            lambda x, group_size, axis=0: all_gather(x, _checked(group_size), axis))
+            lambda x, group_size, axis: all_gather(x, _checked(group_size), axis))
         onnx_op(op_type=f"RoamReduceScatter_{name}", inputs=[t], outputs=[t],
                 attrs=ints | {"reduction": PyCustomOpDef.dt_string})(
-            lambda x, group_size, axis=0, reduction="sum": reduce_scatter(x, _checked(group_size), axis, reduction))
+            lambda x, group_size, axis, reduction: reduce_scatter(x, _checked(group_size), axis, reduction))
 
     def invoke(k_id, feed, attributes):
         op = _ocos.Opdef._odlist[k_id]

@@ -67,6 +67,9 @@ def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, we
     if planned is not None and planned != ranks:
         raise RoamError(f"the plan was made for a layout of {planned} ranks, not {ranks}: plan the rank step of "
                         f"{ranks} ranks")
+    if any(key in os.environ for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
+        raise RoamError(f"--ranks {ranks} starts the {ranks} processes itself (with mpiexec): run roam train once, "
+                        "not under mpiexec")
     why = collectives.missing() or (None if mpiexec() else "no mpiexec in this environment or on the PATH")
     if why:
         raise RoamError(f"--ranks runs the rank step on {ranks} processes over MPI, but {why}: {collectives.INSTALL}")
@@ -225,8 +228,9 @@ class Run:
         how = f"killed by signal {signalled.group(1)}" if signalled else f"mpiexec exit status {code}"
         statuses = [self.status(r) for r in range(self.ranks)]
         dead = [r for r, s in enumerate(statuses) if s is not None and pid and s["pid"] == int(pid.group(1))]
-        if not dead:
-            return CheckFailed(f"a rank died ({how}); every rank was stopped")
+        if not dead:  # one that died before it could say so: what it printed last
+            last = next((line.strip() for line in reversed(said.splitlines()) if line.strip()), "")
+            return CheckFailed(f"a rank died ({how}); every rank was stopped" + (f"; it printed: {last}" if last else ""))
         r = dead[0]
         return CheckFailed(f"rank {r} died {self.where(r, statuses[r])} ({how}); every rank was stopped")
 
