@@ -7,7 +7,7 @@ import click
 
 from roam_cli.cli import Progress, cli, out
 from roam_cli.core import plan as plan_io
-from roam_cli.core.errors import CheckFailed
+from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_path
 
 
@@ -75,10 +75,16 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
                    "model.load_state_dict(weights, strict=False) loads them.")
 @click.option("--save-model", "save_model", type=click.Path(path_type=Path),
               help="Write the inference export the step was made from, with the trained weights.")
+@click.option("--ranks", type=int, metavar="N",
+              help="MODEL is the step of one of N ranks (roam shard): run it on N processes over MPI "
+                   "(pip install mpich mpi4py onnxruntime-extensions), each with its shards and its rows of each batch.")
+@click.option("--timeout", default=300.0, show_default=True, type=float, metavar="SECONDS",
+              help="With --ranks: the longest a step may take on every rank (the first counts from the start); "
+                   "past it the run is a hang, and every rank is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-          allow_unplanned, save_weights, save_model, as_json):
+          allow_unplanned, save_weights, save_model, ranks, timeout, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -96,12 +102,19 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     read; else they are synthesised, and a warning says so), and gives them
     back: --save-weights for PyTorch, --save-model as the export with the trained weights.
 
+    With --ranks N, MODEL is a rank step (roam shard) and N processes run it under mpiexec, its
+    collectives over MPI: rank r starts from its shard of every parameter and moment and reads rows
+    [r*b, (r+1)*b) of each global batch; each step prints the mean of the ranks' losses, and the
+    parameters are gathered whole at the end. A rank that dies or hangs (no step within --timeout)
+    stops every rank: one line naming it, exit 1, nothing written.
+
     \b
     Examples:
       roam train step.onnx --plan plan.json --steps 20
       roam train step.onnx --plan plan.json --inputs batches.npz --compare --json
       roam train step.onnx --plan plan.json --allow-unplanned
       roam train step.onnx --plan plan.json --steps 100 --save-weights trained.safetensors --save-model trained.onnx
+      roam train rank_step.onnx --plan rank_plan.json --ranks 4 --steps 20 --compare
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
@@ -111,6 +124,9 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
         check_output_path(path, [model, plan_path, *outputs[:i]])
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
+    if ranks is not None:
+        return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
+                           compare, allow_unplanned, save_weights, save_model, timeout, as_json, show)
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
                           allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
@@ -123,3 +139,29 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     if differs:
         raise CheckFailed(f"the planned run differs from the plain ORT run by more than {RTOL:g} relative "
                           f"(outputs {result['compare']['outputs_max_rel']:.3g}, state {result['compare']['state_max_rel']:.3g})")
+
+
+def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
+                allow_unplanned, save_weights, save_model, timeout, as_json, show):
+    """`roam train --ranks N`."""
+    from roam_cli.runtime import ranks as rank_run
+
+    if provider != "cpu":
+        raise RoamError("--ranks runs on the CPU provider (its collectives over MPI); a GPU run needs ONNX "
+                        "Runtime's NCCL collectives, which this build does not have")
+    if allocator == "ort-same-as-requested":
+        raise RoamError("--ranks runs with --allocator roam or ort")
+    result = rank_run.train_ranks(model, plan, ranks, steps, inputs_path=inputs_path, seed=seed,
+                                  learning_rate=learning_rate, allocator=allocator, compare=compare,
+                                  allow_unplanned=allow_unplanned, timeout=timeout,
+                                  on_step=(lambda row: out.print(rank_run.render_step(row, steps), highlight=False,
+                                                                 soft_wrap=True)) if show else None,
+                                  save_weights=save_weights, save_model=save_model)
+    if as_json:
+        click.echo(json.dumps(result, indent=1))
+    elif not obj["quiet"]:
+        rank_run.render_summary(result, out)
+    c = result.get("compare")
+    if c and max(c["outputs_max_rel"], c["state_max_rel"]) > rank_run.RTOL:
+        raise CheckFailed(f"the planned ranks differ from the same ranks without the plan by more than "
+                          f"{rank_run.RTOL:g} relative (outputs {c['outputs_max_rel']:.3g}, state {c['state_max_rel']:.3g})")

@@ -78,12 +78,14 @@ def one_runtime() -> None:
                         "module and overwrite each other's files; pip uninstall all of them, then install one")
 
 
-def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: bool = False) -> None:
+def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: bool = False,
+               run_by: frozenset[tuple[str, str]] = frozenset()) -> None:
     """Before a session: refuse a node whose op this ONNX Runtime has no kernel for, naming the op and
     the node (ORT would say it in a traceback). onnxruntime-training runs every op roam meets; no
     build runs bfloat16 arithmetic on the CPU provider. `planned`: the session serves a plan of this
     graph, which must be the graph that runs: the CPU provider runs a float16 node it has no kernel
-    for between float32 casts it inserts, which only a plan of its optimised graph holds."""
+    for between float32 casts it inserts, which only a plan of its optimised graph holds. `run_by`:
+    the (domain, op) a custom-op library registered with the session runs (a rank step's collectives)."""
     one_runtime()
     if device == "cpu" and (missing := lacking(model)):
         raise RoamError(f"{what}: {nodes_of(missing)} compute in bfloat16, which ONNX Runtime's CPU provider has no "
@@ -101,7 +103,7 @@ def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: 
     local = {(f.domain, f.name) for f in model.functions}
     for n in model.graph.node:
         key = (n.domain, n.op_type)
-        if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local:
+        if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local and key not in run_by:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
 

@@ -36,7 +36,7 @@ from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
-from roam_cli.runtime import weights
+from roam_cli.runtime import collectives, shards, weights
 from roam_cli.runtime.allocator import ArenaAllocator, planned_requests, slow_nodes
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
@@ -71,6 +71,8 @@ class PlannedSession:
     the plan's order). False gives the outputs buffers of their own, the state taking them after
     the step: ONNX's own meaning, the reference `compare` needs, because ORT's default order does
     not know a state must be read before its update overwrites it.
+    collective: the graph is a rank step whose collective nodes run over MPI (`collectives`: the
+    communicator given to `collectives.use` first). threads: ORT's intra-op threads (0: its default).
     allocator: "roam" serves ORT's requests from one arena laid out by roam (after a first,
     recorded step); "ort" is ORT's own arena; "ort-same-as-requested" ORT's arena grown by
     exactly what is asked (CPU: registered process-wide, as ORT allows). ORT's arena bytes come
@@ -79,7 +81,8 @@ class PlannedSession:
 
     def __init__(self, model_path: Path, plan: dict, *, device: str = "cpu", allocator: str = "roam",
                  ordered: bool = True, seed: int = 0, log_arena: bool = True, config: dict[str, str] | None = None,
-                 recomputing: bool = True, in_place: bool = True, allow_unplanned: bool = False):
+                 recomputing: bool = True, in_place: bool = True, allow_unplanned: bool = False,
+                 collective: bool = False, threads: int = 0):
         if allocator not in ALLOCATORS:
             raise RoamError(f"unknown allocator {allocator!r} (choose from {', '.join(ALLOCATORS)})")
         check_device(device)
@@ -94,8 +97,14 @@ class PlannedSession:
                 raise RoamError(f"{model_path} is an ONNX Runtime artifacts training graph (gradients accumulate, "
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
-            check_runs(imported.model, str(model_path), device, planned=True)
+            layout = shards.read(imported.graph.metadata, str(model_path))
+            if layout is not None and not collective:
+                raise RoamError(f"{model_path} is the step of one of {layout.ranks} ranks (its {shards.KEY}): run it "
+                                f"with roam train --ranks {layout.ranks}")
+            check_runs(imported.model, str(model_path), device, planned=True,
+                       run_by=collectives.OPS if collective else frozenset())
             self.graph = imported.graph
+            self.sharding = layout  # a rank step's layout (shards.Sharding), else None
             self.source = weights.source_of(imported.model, imported.path.resolve().parent)
             self.inplace = memory.declared_pairs(self.graph, {})  # state output -> state input
             not_fed = sorted(s for s in self.inplace.values() if s not in self.graph.inputs)
@@ -106,10 +115,13 @@ class PlannedSession:
             model = in_order(imported.model, plan["order"]) if ordered else imported.model
             if not recomputing and "recompute" in plan:
                 model = rewrite.undo(model, plan["recompute"])
+            if collective:
+                model = collectives.runnable(model, {name: v.dtype for name, v in self.graph.values.items()})
             seed_random_ops(model, seed)
             config = (config or {}) | locate_weights(model, imported.path.resolve().parent)
             planned = planned_requests(self.graph, plan) if ordered and recomputing else None
-            self.session = self._session(model, ordered, allocator, log_arena, config, planned, plan)
+            self.session = self._session(model, ordered, allocator, log_arena, config, planned, plan, collective,
+                                         threads)
         self.planned_storages = sum(t["offset"] is not None for t in plan["tensors"])
         self.input_names = [i.name for i in self.session.get_inputs()]
         self.input_shapes = {name: tuple(shape) for name, _, shape in input_specs(self.graph)}
@@ -118,9 +130,12 @@ class PlannedSession:
         self.steps = 0
 
     def _session(self, model: onnx.ModelProto, ordered: bool, allocator: str, log_arena: bool,
-                 config: dict[str, str], planned, plan: dict) -> ort.InferenceSession:
+                 config: dict[str, str], planned, plan: dict, collective: bool, threads: int) -> ort.InferenceSession:
         options = ort.SessionOptions()
         options.log_severity_level = 3
+        options.intra_op_num_threads = threads
+        if collective:
+            collectives.register(options)
         for key, value in config.items():
             options.add_session_config_entry(key, value)
         if ordered:
@@ -284,12 +299,14 @@ def ort_arena_log(device: str):
 
 
 def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed: int,
-                    learning_rate: float, kinds: dict[str, str]) -> tuple[dict[str, np.ndarray], list[str]]:
+                    learning_rate: float, kinds: dict[str, str],
+                    specs: list | None = None) -> tuple[dict[str, np.ndarray], list[str]]:
     """Every input's first value: `given` (a weight the export holds in a low-precision type widened
     to the step's float32 master), else the step's recorded first value (INITIAL_KEY: fp16's loss
     scale), else optimizer state zero (Adam's moments and step start there), `learning_rate` the
-    option's, and the rest synthetic. Returns (values, the names synthesised)."""
-    specs = input_specs(session.graph)
+    option's, and the rest synthetic. Returns (values, the names synthesised). `specs`: the inputs'
+    (name, dtype, shape) the values are made for (a rank step's: the whole step's), in input order."""
+    specs = specs or input_specs(session.graph)
     initial = json.loads(session.graph.metadata.get(INITIAL_KEY, "{}"))
     values, synthesised = {}, []
     for name, dtype, shape in specs:
@@ -314,9 +331,10 @@ def widened(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return value.astype(dtype) if low else value
 
 
-def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.ndarray]:
-    """The .npz's arrays by input name. A data input's array may hold one batch per step along an
-    extra first axis (cycled when there are fewer batches than steps)."""
+def read_batches(path: Path | None, session: PlannedSession, specs: list | None = None) -> dict[str, np.ndarray]:
+    """The .npz's arrays by input name, of the shapes `specs` gives (default: the inputs'). A data
+    input's array may hold one batch per step along an extra first axis (cycled when there are fewer
+    batches than steps)."""
     if path is None:
         return {}
     try:
@@ -324,7 +342,7 @@ def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.nda
             arrays = {k: npz[k] for k in npz.files}
     except (OSError, ValueError, EOFError) as e:
         raise RoamError(f"--inputs {path}: not a readable .npz file ({first_line(e)})") from None
-    specs = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in input_specs(session.graph)}
+    specs = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in specs or input_specs(session.graph)}
     for name, array in arrays.items():
         if name not in specs:
             raise RoamError(f"--inputs: {name!r} is not an input of the model")
@@ -337,13 +355,15 @@ def read_batches(path: Path | None, session: PlannedSession) -> dict[str, np.nda
 
 
 def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.ndarray],
-              session: PlannedSession) -> dict[str, np.ndarray]:
+              session: PlannedSession, shapes: dict[str, tuple] | None = None) -> dict[str, np.ndarray]:
+    """Step `step`'s value of every input that is not state; `shapes`: of one batch (default the inputs')."""
+    shapes = shapes or session.input_shapes
     batch = {}
     for name in session.input_names:
         if name in session.state_names:
             continue
         array = arrays.get(name, values[name])
-        batch[name] = array if array.shape == session.input_shapes[name] else array[(step - 1) % array.shape[0]]
+        batch[name] = array if array.shape == shapes[name] else array[(step - 1) % array.shape[0]]
     return batch
 
 
@@ -416,30 +436,42 @@ def run_steps(planned, model_path, plan, steps, device, arrays, seed, learning_r
         "arena": planned.arena.layout if planned.arena else None,
     }
     if compare:
-        figures["compare"] = compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed)
+        figures["compare"] = compare_with_plain(model_path, plan, start, lambda k, s: batch_for(k, start, arrays, s),
+                                                rows, planned, device, seed)
     return figures
 
 
-def compare_with_plain(model_path, plan, start, arrays, rows, planned, device, seed) -> dict:
+def compare_with_plain(model_path, plan, start, batch_of, rows, planned, device, seed, collective=False, threads=0,
+                       on_step=None) -> dict:
     """The same steps on a plain session of the same file: ORT's default order and arena, the graph
     without the plan's recomputing copies, and new state in buffers of its own (`in_place=False`):
-    the ONNX meaning of the step, which the plan must not change. The largest difference in the returned outputs per step and in the final state,
-    each relative to the reference's largest magnitude (`execute.difference`)."""
+    the ONNX meaning of the step, which the plan must not change. `batch_of(k, session)`: step k's
+    batch. The largest difference in the returned outputs per step and in the final state,
+    each relative to the reference's largest magnitude (`execute.difference`), and whether every
+    output and the final state are equal bit for bit."""
     plain = PlannedSession(model_path, plan, device=device, allocator="ort", ordered=False, seed=seed, log_arena=False,
-                           recomputing=False, in_place=False)
+                           recomputing=False, in_place=False, collective=collective, threads=threads)
     try:
         plain.set_state(start)
-        per_step, seconds = [], []
+        per_step, seconds, equal = [], [], True
         for r in rows:
-            ref = plain.step(batch_for(r.number, start, arrays, plain))
+            ref = plain.step(batch_of(r.number, plain))
             per_step.append(max((relative_difference(ref.outputs[n], r.outputs[n]) for n in ref.outputs), default=0.0))
+            equal &= all(same_bits(ref.outputs[n], r.outputs[n]) for n in ref.outputs)
             seconds.append(ref.seconds)
+            if on_step is not None:
+                on_step(ref)
         got, ref_state = planned.state_arrays(), plain.state_arrays()
     finally:
         plain.close()
     return {"outputs_max_rel": max(per_step), "outputs_max_rel_per_step": per_step,
             "state_max_rel": max((relative_difference(ref_state[n], got[n]) for n in ref_state), default=0.0),
-            "state_tensors": len(ref_state), "plain_seconds": seconds}
+            "state_tensors": len(ref_state), "plain_seconds": seconds,
+            "bit_equal": equal and all(same_bits(ref_state[n], got[n]) for n in ref_state)}
+
+
+def same_bits(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.shape == b.shape and a.dtype == b.dtype and a.tobytes() == b.tobytes()
 
 
 def relative_difference(ref: np.ndarray, got: np.ndarray) -> float:

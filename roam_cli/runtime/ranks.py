@@ -1,0 +1,327 @@
+"""`roam train RANK_STEP --ranks N`: N processes over MPI, started, watched and ended here.
+
+The launcher checks what it can before any process starts (the step is a rank step of N ranks, the
+plan is for that layout, MPI is installed), then runs the venv's `mpiexec -n N python -m
+roam_cli.runtime.rank FOLDER` (`rank.py`) in a session of its own and watches the ranks' files in
+FOLDER: a step is reported when every rank finished it, with the mean of the ranks' outputs (each
+the mean over its rows, so the whole batch's mean loss).
+
+A rank that fails writes why and stops the others (MPI_Abort); a rank that dies is named by mpiexec
+(MPICH's hydra ends the others at once). A run where no step finishes on every rank within
+`timeout` seconds (the first counting from the start) is a hang: the rank to blame is the one whose
+heartbeat stopped, else the one not waiting in a collective while others wait in one. Either way
+every rank and mpiexec are ended, the error is one line naming the rank, and nothing is written:
+the weights reach their paths only after every rank finished (written whole, then renamed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+
+import roam_cli
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, first_line
+from roam_cli.core.units import format_bytes
+from roam_cli.runtime import collectives, shards, weights
+from roam_cli.runtime.train import RTOL
+
+DEFAULT_TIMEOUT = 300.0
+POLL_S = 0.05
+END_S = 5.0  # how long mpiexec gets to end after its ranks were killed
+STALE_S = 5.0  # a heartbeat older than this (rank.HEARTBEAT_S is 0.5 s) is a rank that stopped
+
+
+def mpiexec() -> str | None:
+    """The mpiexec of this Python's environment (pip's mpich puts it beside the interpreter), else the PATH's."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if os.access(beside, os.X_OK) else shutil.which("mpiexec")
+
+
+def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, weights.Source | None]:
+    """Refuse, before any process starts, a run of the wrong layout or without MPI."""
+    if ranks < 1:
+        raise RoamError(f"--ranks must be at least 1, got {ranks}")
+    try:
+        model = onnx.load(str(model_path), load_external_data=False)
+    except (OSError, ValueError, onnx.checker.ValidationError) as e:
+        raise RoamError(f"cannot read {model_path}: {first_line(e)}") from None
+    layout = shards.read({p.key: p.value for p in model.metadata_props}, str(model_path))
+    if layout is None:
+        raise RoamError(f"--ranks {ranks}: {model_path} is not a rank step (no {shards.KEY} metadata); roam shard "
+                        "writes one, and a whole step runs without --ranks")
+    if ranks != layout.ranks:
+        raise RoamError(f"--ranks {ranks}, but {model_path} is the step of one of {layout.ranks} ranks "
+                        f"(its {shards.KEY}): run it with --ranks {layout.ranks}")
+    planned = plan.get("sharding", {}).get("ranks")
+    if planned is not None and planned != ranks:
+        raise RoamError(f"the plan was made for a layout of {planned} ranks, not {ranks}: plan the rank step of "
+                        f"{ranks} ranks")
+    if any(key in os.environ for key in ("PMI_RANK", "OMPI_COMM_WORLD_RANK")):
+        raise RoamError(f"--ranks {ranks} starts the {ranks} processes itself (with mpiexec): run roam train once, "
+                        "not under mpiexec")
+    why = collectives.missing() or (None if mpiexec() else "no mpiexec in this environment or on the PATH")
+    if why:
+        raise RoamError(f"--ranks runs the rank step on {ranks} processes over MPI, but {why}: {collectives.INSTALL}")
+    return layout, weights.source_of(model, model_path.resolve().parent)
+
+
+def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_path: Path | None = None,
+                seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
+                allow_unplanned: bool = False, timeout: float = DEFAULT_TIMEOUT, on_step=None,
+                save_weights: Path | None = None, save_model: Path | None = None) -> dict:
+    """Run `steps` steps of the rank step on `ranks` processes; the figures (as `train.train`'s, per
+    step the mean over ranks, per rank its allocator's figures)."""
+    if steps < 1:
+        raise RoamError(f"--steps must be at least 1, got {steps}")
+    if timeout <= 0:
+        raise RoamError(f"--timeout must be positive, got {timeout:g}")
+    if save_weights is not None:
+        weights.check_weights_path(save_weights)
+    layout, source = check(model_path, plan, ranks)
+    if save_model is not None and (source is None or not source.path.is_file()):
+        raise RoamError(f"--save-model: {model_path} does not record an inference export that is there "
+                        "(roam make-training-graph records it)")
+    folder = Path(tempfile.mkdtemp(prefix="roam-ranks-"))
+    job = {"model": str(model_path.resolve()), "plan": plan, "steps": steps,
+           "inputs": str(inputs_path.resolve()) if inputs_path else None, "seed": seed, "learning_rate": learning_rate,
+           "allocator": allocator, "compare": compare, "allow_unplanned": allow_unplanned, "launcher": os.getpid(),
+           "threads": max(1, len(os.sched_getaffinity(0)) // ranks)}
+    (folder / "job.json").write_text(json.dumps(job))
+    run = Run(folder, ranks, steps, timeout)
+    try:
+        per_rank = run.supervise(on_step or (lambda row: None))
+        figures = summary(run, per_rank, model_path, plan, allocator, seed)
+        trained = dict(np.load(folder / "weights.npz"))
+        if save_weights is not None:
+            weights.write_weights(save_weights, trained, source.tied if source else {})
+            figures["saved_weights"] = str(save_weights)
+        if save_model is not None:
+            weights.write_model(save_model, source, trained)
+            figures["saved_model"] = str(save_model)
+        return figures
+    finally:
+        run.end()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class Run:
+    """mpiexec and its ranks, seen through the files they write in `folder` (`rank.py`)."""
+
+    def __init__(self, folder: Path, ranks: int, steps: int, timeout: float):
+        self.folder, self.ranks, self.steps, self.timeout = folder, ranks, steps, timeout
+        self.lines: list[list[dict]] = [[] for _ in range(ranks)]  # each rank's steps finished
+        self.read_to = [0] * ranks
+        self.proc: subprocess.Popen | None = None
+        self.rows: list[dict] = []  # the steps every rank finished, combined
+
+    def supervise(self, on_step) -> list[dict]:
+        """Start the ranks and watch them to the end: every rank's figures, or the error naming the rank."""
+        env = dict(os.environ)  # the ranks import this roam, wherever it was imported from
+        root = str(Path(roam_cli.__file__).resolve().parent.parent)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        if self.ranks > len(os.sched_getaffinity(0)):
+            # more ranks than cores: MPICH's busy wait in a collective takes the core from the rank it
+            # waits for; sleeping when it yields made the sample's 4 ranks on 2 cores 2.7x faster (it
+            # slows 2 ranks on 2 cores down, so only here)
+            env.setdefault("MPIR_CVAR_ENABLE_HEAVY_YIELD", "1")
+        with open(self.folder / "mpiexec.out", "wb") as out, open(self.folder / "mpiexec.err", "wb") as err:
+            # a session of its own: the terminal's Ctrl-C reaches the launcher, which ends everything
+            self.proc = subprocess.Popen([mpiexec(), "-n", str(self.ranks), sys.executable, "-m", "roam_cli.runtime.rank",
+                                          str(self.folder)], stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
+                                         start_new_session=True)
+        progress = time.monotonic()
+        while True:
+            code = self.proc.poll()
+            for row in self.read_steps():
+                progress = time.monotonic()
+                if row["phase"] == "planned":
+                    on_step(row)
+            if code is not None:
+                break
+            if time.monotonic() - progress > self.timeout:
+                blame = self.hung()
+                self.end()
+                raise CheckFailed(f"{blame}: no step finished on every rank within the timeout ({self.timeout:g} s); "
+                                  "every rank was stopped")
+            time.sleep(POLL_S)
+        if code == 0 and all((self.folder / f"rank{r}.json").is_file() for r in range(self.ranks)):
+            return [json.loads((self.folder / f"rank{r}.json").read_text()) for r in range(self.ranks)]
+        raise self.failure(code)
+
+    def read_steps(self) -> list[dict]:
+        """The steps that every rank has now finished and were not read before, combined."""
+        for r in range(self.ranks):
+            try:
+                with open(self.folder / f"rank{r}.steps", "rb") as f:
+                    f.seek(self.read_to[r])
+                    text = f.read()
+            except FileNotFoundError:
+                continue
+            whole = text[:text.rfind(b"\n") + 1]  # a line still being written waits for the next look
+            self.read_to[r] += len(whole)
+            self.lines[r] += [json.loads(line) for line in whole.splitlines()]
+        new = []
+        while all(len(lines) > len(self.rows) for lines in self.lines):
+            k = len(self.rows)
+            each = [lines[k] for lines in self.lines]
+            self.rows.append({"phase": each[0]["phase"], "step": each[0]["step"],
+                              "outputs": {n: statistics.fmean(e["outputs"][n] for e in each) for n in each[0]["outputs"]},
+                              "rank_outputs": [e["outputs"] for e in each], "seconds": max(e["seconds"] for e in each),
+                              "memory": [e["memory"] for e in each]})
+            new.append(self.rows[-1])
+        return new
+
+    def status(self, r: int) -> dict | None:
+        try:
+            return json.loads((self.folder / f"rank{r}.status").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def where(self, r: int, status: dict | None) -> str:
+        """Where rank r was, in words: the step it was in (the one after the last it finished)."""
+        phase = status["phase"] if status else "start"
+        if phase in ("start", "gather"):
+            return "while starting" if phase == "start" else "while gathering the weights"
+        done = sum(line["phase"] == phase for line in self.lines[r])
+        which = "" if phase == "planned" else " of the run without the plan"
+        return f"in step {min(done + 1, self.steps)} of {self.steps}{which}"
+
+    def hung(self) -> str:
+        """The rank to blame for a hang, in words."""
+        self.read_steps()
+        now = time.time()
+        statuses = [self.status(r) for r in range(self.ranks)]
+        silent = [r for r, s in enumerate(statuses) if s is None]
+        if silent:
+            return f"rank {silent[0]} hung while starting (it never reported)"
+        stale = [r for r, s in enumerate(statuses) if now - s["time"] > min(STALE_S, self.timeout / 2)]
+        if stale:
+            r = max(stale, key=lambda r: now - statuses[r]["time"])
+            return (f"rank {r} hung {self.where(r, statuses[r])} (no heartbeat for "
+                    f"{now - statuses[r]['time']:.1f} s)")
+        waiting = [s["entered"] > s["left"] for s in statuses]
+        if any(waiting) and not all(waiting):  # the others wait in a collective for one that does not come to it
+            r = min((r for r in range(self.ranks) if not waiting[r]), key=lambda r: statuses[r]["left"])
+            return f"rank {r} hung {self.where(r, statuses[r])} outside the collectives, the other ranks waiting in one"
+        r = min(range(self.ranks), key=lambda r: statuses[r]["left"])
+        return f"rank {r} hung {self.where(r, statuses[r])}"
+
+    def failure(self, code: int) -> Exception:
+        """Why mpiexec ended with `code`: the error a rank wrote (the first), else the rank mpiexec saw die."""
+        self.read_steps()  # each rank's last steps, for where it was
+        errors = sorted((path.stat().st_mtime, int(path.stem[4:]), json.loads(path.read_text()))
+                        for path in self.folder.glob("rank*.error"))
+        if errors:
+            _, r, e = errors[0]
+            message = e["message"] if e["kind"] == "usage" else f"rank {r} stopped: {e['message']}"
+            return {"usage": RoamError, "check": CheckFailed}.get(e["kind"], RoamBug)(message)
+        said = (self.folder / "mpiexec.err").read_text(errors="replace") + \
+            (self.folder / "mpiexec.out").read_text(errors="replace")
+        pid = re.search(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*=\s*PID (\d+)", said)
+        signalled = re.search(r"\(signal (\d+)\)", said)
+        how = f"killed by signal {signalled.group(1)}" if signalled else f"mpiexec exit status {code}"
+        statuses = [self.status(r) for r in range(self.ranks)]
+        dead = [r for r, s in enumerate(statuses) if s is not None and pid and s["pid"] == int(pid.group(1))]
+        if not dead:  # one that died before it could say so: what it printed last
+            last = next((line.strip() for line in reversed(said.splitlines()) if line.strip()), "")
+            return CheckFailed(f"a rank died ({how}); every rank was stopped" + (f"; it printed: {last}" if last else ""))
+        r = dead[0]
+        return CheckFailed(f"rank {r} died {self.where(r, statuses[r])} ({how}); every rank was stopped")
+
+    def end(self) -> None:
+        """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own), then
+        mpiexec, given END_S to see them die and clean up (its proxy reaps them) before it is killed too."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        for r in range(self.ranks):
+            s = self.status(r)
+            if s is not None:
+                try:
+                    os.kill(s["pid"], signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        try:
+            self.proc.wait(END_S)
+        except subprocess.TimeoutExpired:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+            self.proc.wait()
+
+
+def summary(run: Run, per_rank: list[dict], model_path: Path, plan: dict, allocator: str, seed: int) -> dict:
+    """The figures of a finished run: per step the mean over ranks, per rank its allocator's."""
+    planned = [row for row in run.rows if row["phase"] == "planned"]
+    figures = {"model": str(model_path), "provider": "cpu", "allocator": allocator, "steps": run.steps, "seed": seed,
+               "ranks": run.ranks, "synthesised_inputs": per_rank[0]["synthesised_inputs"],
+               "weights_from": per_rank[0]["weights_from"], "weights_unread": per_rank[0]["weights_unread"],
+               "plan": {"arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"],
+                        "persistent_bytes": plan["persistent_bytes"]},
+               "per_step": [{key: row[key] for key in ("step", "outputs", "rank_outputs", "seconds", "memory")}
+                            for row in planned],
+               "per_rank": [{key: f[key] for key in ("rank", "pid", "arena", "collective_outputs")} for f in per_rank]}
+    if "compare" in per_rank[0]:
+        each = [f["compare"] for f in per_rank]
+        figures["compare"] = {"outputs_max_rel": max(c["outputs_max_rel"] for c in each),
+                              "state_max_rel": max(c["state_max_rel"] for c in each),
+                              "state_tensors": each[0]["state_tensors"], "bit_equal": all(c["bit_equal"] for c in each),
+                              "plain_seconds": [max(s) for s in zip(*(c["plain_seconds"] for c in each))]}
+    return figures
+
+
+def render_step(row: dict, steps: int) -> str:
+    scalars = "  ".join(f"{name} {value:.6g}" for name, value in row["outputs"].items())
+    served = [m.get("served_at_plan_offset") for m in row["memory"]]
+    where = ("recorded" if "recorded" in row["memory"][0] else
+             f"at plan offsets: {'/'.join(str(s) for s in served)}" if None not in served else "")
+    return (f"step {row['step']:>{len(str(steps))}}/{steps}  {scalars} (mean of {len(row['memory'])} ranks)  "
+            f"{where}  {row['seconds'] * 1e3:.1f} ms").rstrip()
+
+
+def render_summary(result: dict, console) -> None:
+    rows = result["per_step"]
+    later = rows[1:] or rows
+    console.print(f"{result['steps']} steps on {result['ranks']} ranks (cpu, {result['allocator']} allocator); median "
+                  f"step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms (slowest rank)",
+                  highlight=False, soft_wrap=True)
+    for k, rank in enumerate(result["per_rank"]):
+        a = rank["arena"]
+        if not a:
+            continue
+        mine = [r["memory"][k] for r in later]
+        at_plan = min(m.get("served_at_plan_offset", 0) for m in mine)
+        unplanned = sum(r["memory"][k].get("unplanned", 0) for r in rows[1:])
+        console.print(f"rank {rank['rank']}: arena {format_bytes(a['arena_bytes'])} for {a['requests']} requests per "
+                      f"step (plan arena {format_bytes(result['plan']['arena_bytes'])}); "
+                      + (f"{at_plan} of {a['planned_requests']} planned requests at their plan offset; "
+                         if rows[1:] else "")
+                      + f"{unplanned} unplanned requests after step 1"
+                      + (f"; {len(c['at_plan_offset'])} of the collectives' {len(c['planned'])} planned outputs among them"
+                         if (c := rank["collective_outputs"]) else ""), highlight=False, soft_wrap=True)
+    if result.get("weights_from"):
+        console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
+    if result.get("weights_unread"):
+        console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
+                      highlight=False, soft_wrap=True)
+    for key, what in (("saved_weights", "trained weights, gathered from the ranks' shards"),
+                      ("saved_model", "the export with the trained weights")):
+        if key in result:
+            console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)
+    if "compare" in result:
+        c = result["compare"]
+        ok = max(c["outputs_max_rel"], c["state_max_rel"]) <= RTOL
+        console.print(f"{'[bold green]OK[/bold green]' if ok else '[bold red]DIFFERS[/bold red]'}: against the same "
+                      f"ranks without the plan (ORT's order and arena), "
+                      + ("bit-equal" if c["bit_equal"] else
+                         f"outputs differ by at most {c['outputs_max_rel']:.3g} and the final shards "
+                         f"({c['state_tensors']} tensors per rank) by {c['state_max_rel']:.3g} relative (tolerance {RTOL:g})"),
+                      soft_wrap=True)

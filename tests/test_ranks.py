@@ -1,0 +1,183 @@
+"""`roam train --ranks N`: a rank step on N processes over MPI (runtime/ranks.py, rank.py,
+collectives.py, shards.py), on the hand-made linear step of tests/rank_steps.py.
+
+The runs need MPI (pip install mpich mpi4py onnxruntime-extensions, the `mpi` extra): without it
+they skip; the layout's arithmetic and the refusals made before any process starts run anyway."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import ROOT, roam
+from rank_steps import expected_steps, linear_step
+
+from roam_cli.core.errors import RoamError
+from roam_cli.runtime import collectives, ranks, shards
+
+MPI_MISSING = collectives.missing() or (None if ranks.mpiexec() else "no mpiexec")
+needs_mpi = pytest.mark.skipif(MPI_MISSING is not None, reason=f"needs MPI ({MPI_MISSING}): {collectives.INSTALL}")
+
+X = np.array([[1, 2, 0], [0, 1, -1], [2, 0, 1], [1, -1, 1]], np.float32)  # the global batch: 4 rows
+Y = np.array([1, 0, 2, -1], np.float32)
+W, C, LR = np.array([0.5, -0.25, 0.125], np.float32), np.array([0.25], np.float32), 0.05
+
+
+@pytest.fixture(scope="module")
+def steps(tmp_path_factory):
+    """The rank steps of 2 and 4 ranks (2 and 1 rows each), their plans, and the global batch and weights."""
+    d = tmp_path_factory.mktemp("ranks")
+    np.savez(d / "inputs.npz", x=X, y=Y, w=W, c=C, learning_rate=np.float32(LR))
+    for n in (2, 4):
+        linear_step(d / f"rank{n}.onnx", len(Y) // n, n)
+        r = roam("optimize", d / f"rank{n}.onnx", "-o", d / f"rank{n}.plan.json")
+        assert r.code == 0, r.err
+    return d
+
+
+def test_a_shard_is_the_ranks_slice_of_the_flattened_padded_parameter():
+    # 5 elements over 2 ranks: shards of ceil(5 / 2) = 3, the last one padded with a zero
+    p = np.arange(1, 6, dtype=np.float32).reshape(5, 1)
+    assert shards.shard_of(p, 3, 2, 0).tolist() == [1, 2, 3]
+    assert shards.shard_of(p, 3, 2, 1).tolist() == [4, 5, 0]
+    layout = shards.Sharding(2, {"p": ((5, 1), 3)}, {"p.m": "p"}, (), ("x",))
+    assert layout.full_shape("p.m", (3,)) == (5, 1) and layout.full_shape("x", (2, 7)) == (4, 7)
+    assert layout.of_rank("p.m", p, 1).tolist() == [4, 5, 0]
+    assert layout.of_rank("x", np.arange(8).reshape(4, 2), 1).tolist() == [[4, 5], [6, 7]]  # rows 2 and 3
+    assert layout.whole("p", np.array([1, 2, 3, 4, 5, 0], np.float32)).tolist() == [[1], [2], [3], [4], [5]]
+
+
+def test_a_layout_whose_shards_are_not_ceil_numel_over_ranks_is_refused():
+    bad = json.dumps({"ranks": 2, "parameters": {"p": {"shape": [5], "numel": 5, "shard": 2}}})
+    with pytest.raises(RoamError, match="ceil"):
+        shards.read({shards.KEY: bad}, "step.onnx")
+
+
+def test_without_mpi_the_run_is_refused_saying_what_to_install(steps, monkeypatch):
+    monkeypatch.setattr(collectives, "missing", lambda: "mpi4py is not installed")
+    plan = json.loads((steps / "rank2.plan.json").read_text())
+    with pytest.raises(RoamError, match=r"mpi4py is not installed: pip install mpich mpi4py onnxruntime-extensions"):
+        ranks.check(steps / "rank2.onnx", plan, 2)
+
+
+def test_a_wrong_world_size_or_a_plan_for_another_layout_is_refused_in_one_line(steps, tmp_path):
+    r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json", "--ranks", 4)
+    assert r.code == 2 and r.err.count("\n") == 1 and "--ranks 4, but" in r.err and "one of 2 ranks" in r.err
+    plan = json.loads((steps / "rank2.plan.json").read_text())
+    plan.setdefault("sharding", {})["ranks"] = 4
+    (tmp_path / "plan.json").write_text(json.dumps(plan))
+    r = roam("train", steps / "rank2.onnx", "--plan", tmp_path / "plan.json", "--ranks", 2)
+    assert r.code == 2 and r.err.count("\n") == 1 and "made for a layout of 4 ranks" in r.err
+    r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json")  # a rank step alone
+    assert r.code == 2 and r.err.count("\n") == 1 and "--ranks 2" in r.err
+
+
+@needs_mpi
+def test_the_plan_of_the_four_rank_step_is_refused_for_the_two_rank_one(steps, tmp_path):
+    # refused by the launcher (a plan that records its layout) or by every rank (the pair check), which
+    # then ends the others: one line either way, nothing written
+    r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank4.plan.json", "--ranks", 2,
+             "--save-weights", tmp_path / "trained.npz")
+    assert r.code == 2 and r.err.count("\n") == 1 and not (tmp_path / "trained.npz").exists(), r.err
+
+
+@needs_mpi
+def test_two_ranks_gather_and_reduce_scatter_by_hand(tmp_path):
+    run = subprocess.run([ranks.mpiexec(), "-n", "2", sys.executable, str(ROOT / "tests" / "collective_values.py"),
+                          str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert run.returncode == 0, run.stderr
+    got = [np.load(tmp_path / f"rank{r}.npz") for r in (0, 1)]
+    for g in got:  # rank r gave a = [r+1, 10(r+1)] and m = [[r], [r+100]]
+        assert g["gathered"].tolist() == [1, 10, 2, 20]
+        assert g["gathered_columns"].tolist() == [[0, 1], [100, 101]]
+    # b = [0, 1, 2, 3] * (r + 1): the sum over ranks is [0, 3, 6, 9], rank 0 holds its first half
+    assert got[0]["sum"].tolist() == [0, 3] and got[1]["sum"].tolist() == [6, 9]
+    assert got[0]["mean"].tolist() == [0, 1.5] and got[1]["mean"].tolist() == [3, 4.5]
+
+
+@needs_mpi
+@pytest.mark.parametrize("n", [2, 4])
+def test_n_ranks_train_as_the_whole_step_does_every_request_at_its_plan_offset(steps, tmp_path, n):
+    r = roam("train", steps / f"rank{n}.onnx", "--plan", steps / f"rank{n}.plan.json", "--ranks", n, "--steps", 3,
+             "--inputs", steps / "inputs.npz", "--compare", "--save-weights", tmp_path / "trained.npz", "--json")
+    assert r.code == 0, r.err
+    result = r.json()
+    losses, w, c = expected_steps(X, Y, W, C, LR, 3)
+    assert losses[0] == pytest.approx(1.37109375)  # by hand: the residuals are [-0.75, 0, -1, 1.875]
+    assert [s["outputs"]["loss"] for s in result["per_step"]] == pytest.approx(losses, rel=1e-6)
+    trained = np.load(tmp_path / "trained.npz")
+    np.testing.assert_allclose(trained["w"], w, rtol=1e-6)
+    np.testing.assert_allclose(trained["c"], c, rtol=1e-6)
+    assert result["compare"]["bit_equal"]
+    for rank in result["per_rank"]:
+        assert sorted(rank["collective_outputs"]["at_plan_offset"]) == sorted(rank["collective_outputs"]["planned"]) \
+            == ["c.gathered", "c.grad.shard", "w.gathered", "w.grad.shard"]
+    for step in result["per_step"][1:]:
+        for m in step["memory"]:
+            assert m["served_at_plan_offset"] == m["requests"] == m["planned_requests"] and m["unplanned"] == 0
+
+
+def start_long_run(steps, tmp_path, timeout):
+    """A run of a million steps, its run folder in tmp_path; returns (process, the folder) once every
+    rank has finished 3 steps."""
+    out = tmp_path / "trained.npz"
+    proc = subprocess.Popen([sys.executable, "-m", "roam_cli", "train", steps / "rank2.onnx", "--plan",
+                             steps / "rank2.plan.json", "--ranks", "2", "--steps", "1000000", "--timeout", str(timeout),
+                             "--save-weights", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        folders = list(tmp_path.glob("roam-ranks-*"))
+        lines = [f.read_text().count("\n") for f in folders[0].glob("rank*.steps")] if folders else []
+        if len(lines) == 2 and min(lines) >= 3:
+            return proc, folders[0]
+        assert proc.poll() is None, proc.stderr.read()
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail("the ranks did not start within 60 s")
+
+
+def pids(folder: Path) -> list[int]:
+    return [json.loads((folder / f"rank{r}.status").read_text())["pid"] for r in (0, 1)]
+
+
+def gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
+@needs_mpi
+def test_a_rank_killed_during_a_step_ends_every_rank_naming_it(steps, tmp_path):
+    proc, folder = start_long_run(steps, tmp_path, timeout=30)
+    ids = pids(folder)
+    killed = time.monotonic()
+    os.kill(ids[1], signal.SIGKILL)
+    err = proc.communicate(timeout=30)[1]
+    seconds = time.monotonic() - killed
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("roam: rank 1 died in step ") and "killed by signal 9" in err
+    assert seconds < 30 and all(gone(pid) for pid in ids)
+    assert not (tmp_path / "trained.npz").exists() and not folder.exists()
+
+
+@needs_mpi
+def test_a_hung_rank_is_named_and_every_rank_ended_at_the_timeout(steps, tmp_path):
+    proc, folder = start_long_run(steps, tmp_path, timeout=3)
+    ids = pids(folder)
+    stopped = time.monotonic()
+    os.kill(ids[0], signal.SIGSTOP)  # alive, but never again at a collective
+    err = proc.communicate(timeout=60)[1]
+    seconds = time.monotonic() - stopped
+    assert proc.returncode == 1 and err.count("\n") == 1, err
+    assert err.startswith("roam: rank 0 hung in step ") and "timeout (3 s)" in err
+    assert 3 <= seconds < 10 and all(gone(pid) for pid in ids)
+    assert not (tmp_path / "trained.npz").exists() and not folder.exists()
