@@ -17,6 +17,7 @@ import pytest
 from conftest import ROOT, roam
 from rank_steps import expected_steps, linear_step
 
+from roam_cli.core.collectives import SHARDING_KEY
 from roam_cli.core.errors import RoamError
 from roam_cli.runtime import collectives, ranks, shards
 
@@ -43,19 +44,19 @@ def steps(tmp_path_factory):
 def test_a_shard_is_the_ranks_slice_of_the_flattened_padded_parameter():
     # 5 elements over 2 ranks: shards of ceil(5 / 2) = 3, the last one padded with a zero
     p = np.arange(1, 6, dtype=np.float32).reshape(5, 1)
-    assert shards.shard_of(p, 3, 2, 0).tolist() == [1, 2, 3]
-    assert shards.shard_of(p, 3, 2, 1).tolist() == [4, 5, 0]
     layout = shards.Sharding(2, {"p": ((5, 1), 3)}, {"p.m": "p"}, (), ("x",))
+    assert layout.of_rank("p", p, 0).tolist() == [1, 2, 3]
     assert layout.full_shape("p.m", (3,)) == (5, 1) and layout.full_shape("x", (2, 7)) == (4, 7)
     assert layout.of_rank("p.m", p, 1).tolist() == [4, 5, 0]
     assert layout.of_rank("x", np.arange(8).reshape(4, 2), 1).tolist() == [[4, 5], [6, 7]]  # rows 2 and 3
-    assert layout.whole("p", np.array([1, 2, 3, 4, 5, 0], np.float32)).tolist() == [[1], [2], [3], [4], [5]]
+    rank_shards = [np.array([1, 2, 3], np.float32), np.array([4, 5, 0], np.float32)]
+    assert layout.whole("p", rank_shards).tolist() == [[1], [2], [3], [4], [5]]
 
 
 def test_a_layout_whose_shards_are_not_ceil_numel_over_ranks_is_refused():
     bad = json.dumps({"ranks": 2, "parameters": {"p": {"shape": [5], "numel": 5, "shard": 2}}})
     with pytest.raises(RoamError, match="ceil"):
-        shards.read({shards.KEY: bad}, "step.onnx")
+        shards.read({SHARDING_KEY: bad}, "step.onnx")
 
 
 def test_without_mpi_the_run_is_refused_saying_what_to_install(steps, monkeypatch):

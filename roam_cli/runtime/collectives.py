@@ -23,10 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 import onnx
 
+from roam_cli.core.collectives import COLLECTIVES, REDUCE_SCATTER
 from roam_cli.core.errors import RoamError
 
-GATHER, SCATTER = ("com.microsoft", "AllGather"), ("ai.roam.collective", "ReduceScatter")
-OPS = frozenset({GATHER, SCATTER})
 REDUCTIONS = ("sum", "mean")
 ELEMENT_TYPES = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.DOUBLE: "double"}
 INSTALL = "pip install mpich mpi4py onnxruntime-extensions (or roam's extra: pip install 'onnx-roam[mpi]')"
@@ -79,7 +78,7 @@ def runnable(model: onnx.ModelProto, dtypes: dict[str, int]) -> onnx.ModelProto:
     used = False
     for n in model.graph.node:
         key = (n.domain or "", n.op_type)
-        if key not in OPS:
+        if key not in COLLECTIVES:
             continue
         dtype = dtypes.get(n.input[0])
         if dtype not in ELEMENT_TYPES:
@@ -88,13 +87,13 @@ def runnable(model: onnx.ModelProto, dtypes: dict[str, int]) -> onnx.ModelProto:
                             f"{' and '.join(onnx.TensorProto.DataType.Name(t) for t in ELEMENT_TYPES)}")
         attrs = {a.name: onnx.helper.get_attribute_value(a) for a in n.attribute}
         reduction = attrs.get("reduction", b"sum").decode()  # ONNX string attributes are bytes
-        if key == SCATTER and reduction not in REDUCTIONS:
+        if key == REDUCE_SCATTER and reduction not in REDUCTIONS:
             raise RoamError(f"node {n.name!r} (ReduceScatter) has reduction {reduction!r}; roam runs sum and mean")
         if _comm is not None and attrs.get("group_size") != _comm.size:
             raise RoamError(f"node {n.name!r} ({n.op_type}) has group_size {attrs.get('group_size')}; "
                             f"this run has {_comm.size} ranks")
         n.domain, n.op_type = domain, f"Roam{n.op_type}_{ELEMENT_TYPES[dtype]}"
-        defaults = {"axis": 0} | ({"reduction": "sum"} if key == SCATTER else {})
+        defaults = {"axis": 0} | ({"reduction": "sum"} if key == REDUCE_SCATTER else {})
         n.attribute.extend(onnx.helper.make_attribute(k, v) for k, v in defaults.items() if k not in attrs)
         used = True
     if used and not any(o.domain == domain for o in model.opset_import):

@@ -24,10 +24,12 @@ from pathlib import Path
 
 import numpy as np
 
+from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.runtime import collectives
 from roam_cli.runtime.execute import input_specs
-from roam_cli.runtime.train import PlannedSession, StepResult, batch_for, compare_with_plain, read_batches, starting_values
+from roam_cli.runtime.train import (PlannedSession, StepResult, batch_for, compare_with_plain, exported_values,
+                                     read_batches, starting_values)
 
 HEARTBEAT_S = 0.5
 EXIT_CODES = {"usage": 2, "check": 1, "internal": 3}  # the CLI's, by what stopped the rank
@@ -100,12 +102,7 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         shapes = {name: shape for name, _, shape in specs}
         inputs = Path(job["inputs"]) if job["inputs"] else None
         arrays = read_batches(inputs, session, specs)
-        exported, unread = {}, None
-        if session.source is not None:
-            try:
-                exported = session.source.starting_values(set(session.input_names) - set(arrays))
-            except RoamError as e:
-                unread = str(e)
+        exported, unread = exported_values(session, arrays)
         kinds = ({t["name"]: t["kind"] for t in plan["tensors"]} | {p: "parameter" for p in layout.parameters}
                  | {s: "optimizer_state" for s in layout.state})
         start, synthesised = starting_values(session, {**exported, **arrays}, job["seed"], job["learning_rate"], kinds,
@@ -147,7 +144,7 @@ def collective_outputs(session: PlannedSession) -> dict | None:
     arena = session.arena
     if arena is None or arena.planned is None:
         return None
-    made = {n.name for n in session.graph.nodes if (n.domain, n.op_type) in collectives.OPS}
+    made = {n.name for n in session.graph.nodes if (n.domain, n.op_type) in COLLECTIVES}
     planned = [t.name for t in arena.planned if t.node in made]
     served = [arena.planned[m].name for k, m in enumerate(arena.matched) if arena.at_offset(k) and arena.planned[m].node in made]
     return {"planned": planned, "at_plan_offset": served}
@@ -165,7 +162,7 @@ def gathered(comm, state: dict[str, np.ndarray], names: list[str], layout) -> di
         buffer = np.empty(value.size * comm.size, value.dtype) if comm.rank == 0 else None
         comm.Gather(value, buffer, root=0)
         if comm.rank == 0:
-            whole[name] = layout.whole(name, buffer)
+            whole[name] = layout.whole(name, np.split(buffer, comm.size))
     return whole if comm.rank == 0 else {}
 
 

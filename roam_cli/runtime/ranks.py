@@ -31,10 +31,11 @@ import numpy as np
 import onnx
 
 import roam_cli
+from roam_cli.core.collectives import SHARDING_KEY
 from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.runtime import collectives, shards, weights
-from roam_cli.runtime.train import RTOL
+from roam_cli.runtime.train import RTOL, render_weights
 
 DEFAULT_TIMEOUT = 300.0
 POLL_S = 0.05
@@ -58,11 +59,11 @@ def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, we
         raise RoamError(f"cannot read {model_path}: {first_line(e)}") from None
     layout = shards.read({p.key: p.value for p in model.metadata_props}, str(model_path))
     if layout is None:
-        raise RoamError(f"--ranks {ranks}: {model_path} is not a rank step (no {shards.KEY} metadata); roam shard "
+        raise RoamError(f"--ranks {ranks}: {model_path} is not a rank step (no {SHARDING_KEY} metadata); roam shard "
                         "writes one, and a whole step runs without --ranks")
     if ranks != layout.ranks:
         raise RoamError(f"--ranks {ranks}, but {model_path} is the step of one of {layout.ranks} ranks "
-                        f"(its {shards.KEY}): run it with --ranks {layout.ranks}")
+                        f"(its {SHARDING_KEY}): run it with --ranks {layout.ranks}")
     planned = plan.get("sharding", {}).get("ranks")
     if planned is not None and planned != ranks:
         raise RoamError(f"the plan was made for a layout of {planned} ranks, not {ranks}: plan the rank step of "
@@ -307,15 +308,7 @@ def render_summary(result: dict, console) -> None:
                       + f"{unplanned} unplanned requests after step 1"
                       + (f"; {len(c['at_plan_offset'])} of the collectives' {len(c['planned'])} planned outputs among them"
                          if (c := rank["collective_outputs"]) else ""), highlight=False, soft_wrap=True)
-    if result.get("weights_from"):
-        console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
-    if result.get("weights_unread"):
-        console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
-                      highlight=False, soft_wrap=True)
-    for key, what in (("saved_weights", "trained weights, gathered from the ranks' shards"),
-                      ("saved_model", "the export with the trained weights")):
-        if key in result:
-            console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)
+    render_weights(result, console, "trained weights, gathered from the ranks' shards")
     if "compare" in result:
         c = result["compare"]
         ok = max(c["outputs_max_rel"], c["state_max_rel"]) <= RTOL

@@ -1,19 +1,18 @@
-"""A rank step's layout (its metadata `roam.sharding`, written by `roam shard`) and the values of
-one rank: the shard of each parameter and of its optimizer state, the rows of each data input.
+"""A rank step's layout as the runtime uses it: the record `roam shard` writes in its metadata
+(core.collectives.sharding) read into the values of one rank, the shard of each parameter and of
+its optimizer state (shard.arithmetic) and the rows of each data input.
 
-Rank r of N holds elements [r*s, (r+1)*s) of a parameter flattened and zero-padded to N*s
-(s = ceil(numel / N)), and rows [r*b, (r+1)*b) of each global batch of b*N rows."""
+Rank r of N holds rows [r*b, (r+1)*b) of each global batch of b*N rows."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 import numpy as np
 
+from roam_cli.core.collectives import SHARDING_KEY, sharding
 from roam_cli.core.errors import RoamError
-
-KEY = "roam.sharding"
+from roam_cli.shard.arithmetic import join, shard_size, split
 
 
 @dataclass(frozen=True)
@@ -38,40 +37,36 @@ class Sharding:
 
     def of_rank(self, name: str, value: np.ndarray, rank: int) -> np.ndarray:
         """Rank `rank`'s part of an input's whole value: its shard, its rows, or the value itself."""
-        if (sharded := self.sharded(name)) is not None:
-            return shard_of(value, sharded[1], self.ranks, rank)
+        if self.sharded(name) is not None:
+            return split(value, self.ranks)[rank].copy()  # not a view that keeps every rank's shards
         if name in self.data_inputs and value.ndim:
             rows = value.shape[0] // self.ranks
             return value[rank * rows:(rank + 1) * rows]
         return value
 
-    def whole(self, name: str, gathered: np.ndarray) -> np.ndarray:
-        """A sharded input's whole value from its N shards in rank order (padded, flat)."""
-        shape = self.sharded(name)[0]
-        return gathered[:int(np.prod(shape, dtype=np.int64))].reshape(shape)
-
-
-def shard_of(value: np.ndarray, shard: int, ranks: int, rank: int) -> np.ndarray:
-    flat = np.zeros(shard * ranks, value.dtype)
-    flat[:value.size] = value.reshape(-1)
-    return flat[rank * shard:(rank + 1) * shard].copy()
+    def whole(self, name: str, shards: list[np.ndarray]) -> np.ndarray:
+        """A sharded input's whole value from its N shards in rank order."""
+        return join(shards, self.sharded(name)[0])
 
 
 def read(metadata: dict[str, str], what: str) -> Sharding | None:
     """The layout a rank step declares, None for a step that is not one; RoamError when malformed."""
-    if KEY not in metadata:
+    try:
+        record = sharding(metadata)
+    except RoamError as e:
+        raise RoamError(f"{what}: {e}") from None
+    if record is None:
         return None
     try:
-        d = json.loads(metadata[KEY])
-        parameters = {name: (tuple(int(x) for x in p["shape"]), int(p["shard"])) for name, p in d["parameters"].items()}
-        sharding = Sharding(int(d["ranks"]), parameters, dict(d.get("state", {})), tuple(d.get("replicated", ())),
-                            tuple(d.get("data_inputs", ())))
+        parameters = {name: (tuple(int(x) for x in p["shape"]), p["shard"]) for name, p in record["parameters"].items()}
+        layout = Sharding(record["ranks"], parameters, dict(record.get("state", {})),
+                          tuple(record.get("replicated", ())), tuple(record.get("data_inputs", ())))
     except (ValueError, KeyError, TypeError, AttributeError) as e:
-        raise RoamError(f"{what}: metadata {KEY!r} is not a rank layout ({type(e).__name__}: {e})") from None
-    if sharding.ranks < 1 or any(p not in parameters for p in sharding.state.values()):
-        raise RoamError(f"{what}: metadata {KEY!r} names {sharding.ranks} ranks or a state of no parameter")
+        raise RoamError(f"{what}: metadata {SHARDING_KEY!r} is not a rank layout ({type(e).__name__}: {e})") from None
+    if any(p not in parameters for p in layout.state.values()):
+        raise RoamError(f"{what}: metadata {SHARDING_KEY!r} names a state of no parameter")
     for name, (shape, shard) in parameters.items():
-        if shard != -(-int(np.prod(shape, dtype=np.int64)) // sharding.ranks):
-            raise RoamError(f"{what}: metadata {KEY!r} gives {name!r} of shape {list(shape)} shards of {shard} "
-                            f"elements over {sharding.ranks} ranks (ceil(numel / ranks) expected)")
-    return sharding
+        if shard != shard_size(int(np.prod(shape, dtype=np.int64)), layout.ranks):
+            raise RoamError(f"{what}: metadata {SHARDING_KEY!r} gives {name!r} of shape {list(shape)} shards of {shard} "
+                            f"elements over {layout.ranks} ranks (ceil(numel / ranks) expected)")
+    return layout

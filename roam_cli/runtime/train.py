@@ -29,6 +29,7 @@ import onnxruntime as ort
 
 from roam_cli import pair, verify
 from roam_cli.core import memory
+from roam_cli.core.collectives import COLLECTIVES, SHARDING_KEY
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import INITIAL_KEY, LEARNING_RATE, gradient_accumulators
@@ -99,10 +100,10 @@ class PlannedSession:
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
             layout = shards.read(imported.graph.metadata, str(model_path))
             if layout is not None and not collective:
-                raise RoamError(f"{model_path} is the step of one of {layout.ranks} ranks (its {shards.KEY}): run it "
+                raise RoamError(f"{model_path} is the step of one of {layout.ranks} ranks (its {SHARDING_KEY}): run it "
                                 f"with roam train --ranks {layout.ranks}")
             check_runs(imported.model, str(model_path), device, planned=True,
-                       run_by=collectives.OPS if collective else frozenset())
+                       run_by=COLLECTIVES if collective else frozenset())
             self.graph = imported.graph
             self.sharding = layout  # a rank step's layout (shards.Sharding), else None
             self.source = weights.source_of(imported.model, imported.path.resolve().parent)
@@ -324,6 +325,17 @@ def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed:
     return values, synthesised
 
 
+def exported_values(session: PlannedSession, arrays: dict[str, np.ndarray]) -> tuple[dict[str, np.ndarray], str | None]:
+    """The first values the step's inference export holds for the inputs `arrays` does not give, and
+    why none were read, or None: a weightless export (planning only) leaves them synthesised, and said so."""
+    if session.source is None:
+        return {}, None
+    try:
+        return session.source.starting_values(set(session.input_names) - set(arrays)), None
+    except RoamError as e:
+        return {}, str(e)
+
+
 def widened(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
     """A low-precision float value as the float32 master it starts (an export's bf16 or fp16 weight);
     any other value as it is (read_batches refuses a batch of the wrong type)."""
@@ -390,12 +402,7 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
             raise RoamError(f"--save-model: the inference export {planned.source.path} the step was made from is "
                             "not there")
         arrays = read_batches(inputs_path, planned)
-        exported, unread = {}, None
-        if planned.source is not None:
-            try:
-                exported = planned.source.starting_values(set(planned.input_names) - set(arrays))
-            except RoamError as e:  # a weightless export (planning only): synthesised, and said so
-                unread = str(e)
+        exported, unread = exported_values(planned, arrays)
         figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
                             allocator, compare, report)
         figures["weights_from"] = str(planned.source.path) if exported else None
@@ -506,6 +513,18 @@ def pool_line(tier: str, pool: dict, later: list[dict], plan: dict) -> str:
             f"{at_plan} of its {pool['planned_requests']} planned requests at their plan offset")
 
 
+def render_weights(result: dict, console, saved_weights: str) -> None:
+    """Where a run's first weights came from and what it wrote (`saved_weights`: the weights file in words)."""
+    if result.get("weights_from"):
+        console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
+    if result.get("weights_unread"):
+        console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
+                      highlight=False, soft_wrap=True)
+    for key, what in (("saved_weights", saved_weights), ("saved_model", "the export with the trained weights")):
+        if key in result:
+            console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)
+
+
 def render_summary(result: dict, console) -> None:
     rows = result["per_step"]
     later = rows[1:] or rows
@@ -524,14 +543,7 @@ def render_summary(result: dict, console) -> None:
             line += "; " + "; ".join(pool_line(tier, a["pools"][pool], later, result["plan"])
                                      for pool, tier in (("device", "device"), ("slow", result["plan"]["tiers"]["slow"])))
     console.print(line, highlight=False, soft_wrap=True)
-    if result.get("weights_from"):
-        console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
-    if result.get("weights_unread"):
-        console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
-                      highlight=False, soft_wrap=True)
-    for key, what in (("saved_weights", "trained weights"), ("saved_model", "the export with the trained weights")):
-        if key in result:
-            console.print(f"wrote {result[key]}: {what}", highlight=False, soft_wrap=True)
+    render_weights(result, console, "trained weights")
     if "compare" in result:
         c = result["compare"]
         ok = max(c["outputs_max_rel"], c["state_max_rel"]) <= RTOL

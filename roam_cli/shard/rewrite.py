@@ -100,10 +100,7 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
     for i, proto in enumerate(g.node):
         nodes.extend(before.get(i, ()))
         renamed = reduced if i in found.update_nodes else gathered
-        if any(x in renamed for x in proto.input):
-            inputs = [renamed.get(x, x) for x in proto.input]
-            del proto.input[:]
-            proto.input.extend(inputs)
+        proto.input[:] = [renamed.get(x, x) for x in proto.input]
         nodes.append(proto)
         nodes.extend(after.get(i, ()))
     del g.node[:]
