@@ -293,8 +293,14 @@ def test_data_inputs_whose_batch_cannot_be_split_are_refused(steps, tmp_path):
     # (the added node is out of topological place; import sorts it)
     with pytest.raises(RoamError, match=r"data inputs 'x' and 'scale' disagree on the batch \(2 and 1 rows\)"):
         shard(with_extra_input(steps["roam"], tmp_path, [1, 2]), 2)
-    with pytest.raises(RoamError, match="data input 'scale' is a scalar"):
-        shard(with_extra_input(steps["roam"], tmp_path, []), 2)
+
+
+def test_a_scalar_the_forward_reads_is_replicated(steps, tmp_path):
+    """A 0-d input (GPT-2's attention mask value, lifted into an input by the exporter) has no rows."""
+    m, record = shard(with_extra_input(steps["roam"], tmp_path, []), 2)
+    assert record["data_inputs"] == ["x"] and sorted(record["replicated"]) == ["learning_rate", "scale", "step"]
+    assert record["batch"] == {"rank": ROWS, "global": 2 * ROWS}
+    assert next(vi for vi in m.graph.input if vi.name == "scale").type.tensor_type.shape.dim == []
 
 
 def test_an_update_that_needs_the_whole_gradient_is_refused(steps, tmp_path):

@@ -60,8 +60,6 @@ def batch(graph: onnx.GraphProto, data_inputs: list[str], ranks: int) -> dict:
     for vi in graph.input:
         if vi.name in data_inputs:
             dims = vi.type.tensor_type.shape.dim
-            if not dims:
-                raise RoamError(f"data input {vi.name!r} is a scalar: it has no batch dimension to split over ranks")
             rows[vi.name] = dims[0].dim_param if dims[0].HasField("dim_param") else dims[0].dim_value
     if len(set(rows.values())) > 1:
         (a, x), (b, y) = list(rows.items())[0], next((k, v) for k, v in rows.items() if v != list(rows.values())[0])

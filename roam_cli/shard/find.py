@@ -8,7 +8,8 @@ reads: states, scalars (the learning rate, the step count) and the gradients, va
 state's shape made after the forward. A state whose update reads a gradient is a parameter when a
 node of the forward or backward reads it, and else optimizer state (a moment) of the parameter of
 its shape with the same gradient; every other state (the step count, running statistics) is
-replicated. An update that reads anything else, or a gradient read by an update node that is not
+replicated, and so is a scalar input the forward reads; the other inputs the forward reads are the
+data inputs. An update that reads anything else, or a gradient read by an update node that is not
 element-wise (a clipping norm, an overflow check: they need the whole gradient), cannot run on a
 shard, and the step is refused with the node that needs more."""
 
@@ -120,7 +121,9 @@ def survey(graph: Graph) -> Survey:
     check_readers(graph, classes, parameters, pairs, update_nodes, shard_of)
 
     sharded = set(owner)
-    data = [x for x in graph.inputs if x not in sharded and x not in pairs.values()
+    # a scalar the forward reads has no rows to split: a constant the exporter lifted into an input
+    # (GPT-2's attention mask value), the same on every rank
+    data = [x for x in graph.inputs if x not in sharded and x not in pairs.values() and graph.values[x].shape
             and any(classes[u] == "forward" for u in graph.consumers.get(x, ()))]
     replicated = [x for x in graph.inputs if x not in sharded and x not in data]
     return Survey(list(parameters.values()), update_nodes, shard_of, replicated, data)
