@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Scale: 70B- and 405B-class LLaMA training steps, in the variants users make, planned with --recompute off and free.
+"""Scale: 7B-, 70B- and 405B-class LLaMA training steps, in the variants users make, planned with --recompute off and free.
 
     /work/venvs/fused/bin/python benchmarks/scale.py --build [--only 70b]   # make the steps (torch)
     python benchmarks/scale.py [--only 70b-base,405b] [--json benchmarks/results/scale.json]
@@ -80,6 +80,7 @@ class Variant:
 
 
 MODELS = {
+    "7b": Llama(32, 4096, 11008, 32),  # LLaMA-2-7B (issue 40's comparison with FSDP2 at N = 8)
     "70b": Llama(80, 8192, 28672, 64),
     "405b": Llama(126, 16384, 53248, 128),
     "tiny": Llama(4, 64, 128, 16),  # the variants' smoke test (16 heads: gqa groups them in pairs)
@@ -280,7 +281,7 @@ def table(steps: list[tuple[str, Path, dict]], runs: list[tuple[str, str]], jobs
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny), variants (70b-sdpa)")
+    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (7b, 70b, 405b, tiny), variants (70b-sdpa)")
     ap.add_argument("--cache", type=Path, default=CACHE)
     ap.add_argument("--build", action="store_true", help="only make the steps (needs torch, onnxruntime-training)")
     ap.add_argument("--modes", default="off,free")
