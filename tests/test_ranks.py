@@ -13,12 +13,14 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 from conftest import ROOT, roam
 from rank_steps import expected_steps, linear_step
 
 from roam_cli.core.collectives import SHARDING_KEY
 from roam_cli.core.errors import RoamError
+from roam_cli.frontend.providers import check_runs
 from roam_cli.runtime import collectives, ranks, shards
 
 MPI_MISSING = collectives.missing() or (None if ranks.mpiexec() else "no mpiexec")
@@ -76,6 +78,22 @@ def test_a_wrong_world_size_or_a_plan_for_another_layout_is_refused_in_one_line(
     assert r.code == 2 and r.err.count("\n") == 1 and "made for a layout of 4 ranks" in r.err
     r = roam("train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json")  # a rank step alone
     assert r.code == 2 and r.err.count("\n") == 1 and "--ranks 2" in r.err
+
+
+def test_a_rank_step_in_one_process_is_refused_as_a_rank_step_not_as_ops_the_runtime_lacks(steps, tmp_path):
+    """Its collectives run only over MPI, in any ONNX Runtime build: calibrating, executing or training
+    it in one process is refused in one line naming the ranks and the command that runs it."""
+    said = "rank2.onnx is a rank step of 2 ranks (roam shard): its collectives run under `roam train --ranks 2`"
+    for args in (("optimize", steps / "rank2.onnx", "--workspace", "calibrate", "-o", tmp_path / "plan.json"),
+                 ("execute", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json"),
+                 ("train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json")):
+        r = roam(*args)
+        assert r.code == 2 and r.err.count("\n") == 1 and said in r.err and "fused" not in r.err, (args, r.err)
+    assert not (tmp_path / "plan.json").exists()
+    bare = onnx.load(str(steps / "rank2.onnx"))
+    del bare.metadata_props[:]  # collectives without the record of a layout
+    with pytest.raises(RoamError, match=r"node 'w.gathered_node' is com.microsoft:AllGather, a collective, which runs"):
+        check_runs(bare, "bare.onnx")
 
 
 @needs_mpi

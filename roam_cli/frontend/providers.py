@@ -13,6 +13,7 @@ import onnx
 import onnxruntime as ort
 from onnxruntime.capi import _pybind_state, build_and_package_info
 
+from roam_cli.core.collectives import COLLECTIVES, SHARDING_KEY, sharding
 from roam_cli.core.errors import RoamBug, RoamError, first_line
 from roam_cli.precision.emulate import emulate, lacking
 
@@ -87,6 +88,7 @@ def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: 
     for between float32 casts it inserts, which only a plan of its optimised graph holds. `run_by`:
     the (domain, op) a custom-op library registered with the session runs (a rank step's collectives)."""
     one_runtime()
+    check_rank_step(model, what, run_by)
     if device == "cpu" and (missing := lacking(model)):
         raise RoamError(f"{what}: {nodes_of(missing)} compute in bfloat16, which ONNX Runtime's CPU provider has no "
                         "kernels for: run it with --provider cuda, or emulate them in float32 on the CPU with "
@@ -106,6 +108,23 @@ def check_runs(model: onnx.ModelProto, what: str, device: str = "cpu", planned: 
         if n.domain not in STANDARD_DOMAINS and key not in kernels and key not in local and key not in run_by:
             raise RoamError(f"{what}: node {n.name!r} is {n.domain}:{n.op_type}, one of ORT's fused training ops, which "
                             f"{RUNTIME} does not run; {FIX}")
+
+
+def check_rank_step(model: onnx.ModelProto, what: str, run_by: frozenset[tuple[str, str]]) -> None:
+    """A rank step (`roam shard`) communicates with the other ranks in its collectives, which run
+    only where the session is given them (`run_by`: roam train --ranks, over MPI), in any build."""
+    if COLLECTIVES <= run_by:
+        return
+    record = sharding({p.key: p.value for p in model.metadata_props})
+    if record is not None:
+        n = record["ranks"]
+        raise RoamError(f"{what} is a rank step of {n} ranks (roam shard): its collectives run under `roam train "
+                        f"--ranks {n}`, over MPI; one process cannot run them")
+    node = next((n for n in model.graph.node if (n.domain, n.op_type) in COLLECTIVES), None)
+    if node is not None:
+        raise RoamError(f"{what}: node {node.name!r} is {node.domain}:{node.op_type}, a collective, which runs across "
+                        f"processes: roam runs the collectives of a rank step (metadata {SHARDING_KEY!r}, what roam "
+                        "shard writes) under roam train --ranks N")
 
 
 def nodes_of(nodes: list[onnx.NodeProto]) -> str:

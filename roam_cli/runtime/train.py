@@ -29,7 +29,7 @@ import onnxruntime as ort
 
 from roam_cli import pair, verify
 from roam_cli.core import memory
-from roam_cli.core.collectives import COLLECTIVES, SHARDING_KEY
+from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import INITIAL_KEY, LEARNING_RATE, gradient_accumulators
@@ -99,9 +99,6 @@ class PlannedSession:
                                 "the optimizer is another graph): roam train runs whole steps; make one with "
                                 f"roam make-training-graph {model_path} -o step.onnx --in-graph-optimizer")
             layout = shards.read(imported.graph.metadata, str(model_path))
-            if layout is not None and not collective:
-                raise RoamError(f"{model_path} is the step of one of {layout.ranks} ranks (its {SHARDING_KEY}): run it "
-                                f"with roam train --ranks {layout.ranks}")
             check_runs(imported.model, str(model_path), device, planned=True,
                        run_by=COLLECTIVES if collective else frozenset())
             self.graph = imported.graph
