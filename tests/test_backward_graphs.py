@@ -263,6 +263,23 @@ def test_cross_entropy_refuses_labels_that_do_not_fit_the_logits(tmp_path):
     assert "labels [3] do not fit" in err
 
 
+def test_cross_entropy_on_an_export_that_computes_its_loss_is_refused_saying_loss_none(tmp_path):
+    """A causal LM exported with its labels (the tiny LLaMA of roam's torch exporter: token ids and
+    labels in, the scalar loss out): cross-entropy has no logits to read, so it is refused in one line
+    instead of crashing on the scalar's missing batch axis; --loss none builds the step."""
+    m = model([node("Gather", ["embed.weight", "x"], ["h"]), node("MatMul", ["h", "lm_head.weight"], ["logits"]),
+               node("Reshape", ["logits", "flat"], ["scores"]), node("Reshape", ["labels", "rows"], ["targets"]),
+               node("SoftmaxCrossEntropyLoss", ["scores", "targets"], ["out"], reduction="mean")],
+              [("x", [2, 8], TensorProto.INT64), ("labels", [2, 8], TensorProto.INT64)], [("out", [])],
+              {"embed.weight": np.ones((16, 4), np.float32), "lm_head.weight": np.ones((4, 16), np.float32),
+               "flat": np.array([-1, 16], np.int64), "rows": np.array([-1], np.int64)})
+    err = refused(tmp_path, m, "--loss", "cross-entropy")
+    assert "the first output 'out' is a scalar" in err and "takes --loss none" in err, err
+    r = roam("make-training-graph", tmp_path / "m.onnx", "-o", tmp_path / "step.onnx", "--loss", "none",
+             "--in-graph-optimizer")
+    assert r.code == 0, r.err
+
+
 @pytest.mark.parametrize("labels, expected_axis", [([2, 3], "last"), ([2, 5], "1")])
 def test_cross_entropy_finds_the_class_axis(labels, expected_axis):
     """Logits [2, 5, 3] with labels [2, 5]: classes last (language model); with labels [2, 3]

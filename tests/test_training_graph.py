@@ -427,3 +427,7 @@ def test_ort_artifacts_cross_entropy_refuses_logits_with_a_sequence_axis():
                    initializers={"w": np.ones((4, 5), np.float32)})
     with pytest.raises(RoamError, match=r"needs logits \[N, classes\]; 'logits' has 3 axes"):
         training_graph.build(logits, training_graph.survey(logits, requires_grad=["w"]), "cross-entropy", None)
+    loss = model([node("ReduceMean", ["x", "w"], ["out"], keepdims=0)], [("x", [2, 3, 4])], [("out", [])],
+                 initializers={"w": np.ones(3, np.int64)})  # an export that computes its loss itself
+    with pytest.raises(RoamError, match=r"'out' is a scalar: .* takes --loss none"):
+        training_graph.build(loss, training_graph.survey(loss, requires_grad=[]), "cross-entropy", None)

@@ -12,7 +12,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
-from roam_cli.frontend.training_graph import LOSSES
+from roam_cli.frontend.training_graph import LOSS_COMPUTED, LOSSES
 
 
 def add_loss(model: onnx.ModelProto, kind: str, types: dict) -> str:
@@ -38,6 +38,9 @@ def add_loss(model: onnx.ModelProto, kind: str, types: dict) -> str:
         g.initializer.append(numpy_helper.from_array(values, name))
         return name
 
+    if kind == "cross-entropy" and len(shape) < 2:  # SoftmaxCrossEntropyLoss reads [batch, classes, d...]
+        raise RoamError(f"--loss cross-entropy needs logits [batch, classes, ...]; the first output {first!r} is "
+                        + (LOSS_COMPUTED if not shape else f"of shape {shape}"))
     if kind == "cross-entropy":  # the class axis, unless the export takes labels: last for [batch, seq, vocab], else 1
         labels = graph_input(g, "labels", TensorProto.INT64, shape[:-1] if len(shape) <= 3 else [shape[0], *shape[2:]])
         label_shape = input_shape(g, labels)

@@ -44,6 +44,8 @@ MAX_OPSET = 21  # ... and ai.onnx opsets <= 21
 
 LOSSES = {"none": None, "cross-entropy": "CrossEntropyLoss", "mse": "MSELoss",
           "bce-with-logits": "BCEWithLogitsLoss", "l1": "L1Loss"}
+# Said where --loss cross-entropy meets a scalar first output (an export of a module returning its loss)
+LOSS_COMPUTED = "a scalar: an export whose first output already is its loss takes --loss none"
 ARTIFACT_OPTIMIZERS = {"adamw": "AdamW", "sgd": "SGD"}  # onnxblock.optim blocks, their default settings
 
 # Optional outputs the ORT gradient builders read, named <output 0>.<suffix> when added.
@@ -298,12 +300,16 @@ def build(model: onnx.ModelProto, chosen: Survey, loss: str, optimizer: str | No
     if loss not in LOSSES:
         raise RoamError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     logits = model.graph.output[0]
-    if loss == "cross-entropy" and len(logits.type.tensor_type.shape.dim) > 2:
+    axes = len(logits.type.tensor_type.shape.dim) if logits.type.tensor_type.HasField("shape") else None
+    if loss == "cross-entropy" and axes is not None and axes < 2:
+        raise RoamError(f"--loss cross-entropy needs logits [N, classes]; {logits.name!r} is "
+                        + (LOSS_COMPUTED if axes == 0 else "of 1 axis"))
+    if loss == "cross-entropy" and axes is not None and axes > 2:
         # onnxblock's CrossEntropyLoss gives the labels the logits' shape less its last axis, while
         # SoftmaxCrossEntropyLoss reads the classes at axis 1: a step that loads and fails when run
         raise RoamError(f"--backend ort-artifacts --loss cross-entropy needs logits [N, classes]; {logits.name!r} has "
-                        f"{len(logits.type.tensor_type.shape.dim)} axes: flatten them to [batch*sequence, vocab] in "
-                        f"the export, or use roam's backward (the default --backend), which does")
+                        f"{axes} axes: flatten them to [batch*sequence, vocab] in the export, or use roam's backward "
+                        "(the default --backend), which does")
     onnxblock = training_api()
     loss_block = onnxblock.blocks.PassThrough() if LOSSES[loss] is None else getattr(onnxblock.loss, LOSSES[loss])()
 
