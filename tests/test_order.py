@@ -233,6 +233,25 @@ def test_a_tail_runs_where_its_peak_fits():
     assert tails.improve(problem, reference, desc, 100, 151, tail_descendants=1, gap=0.6) == (reference, 151)
 
 
+def test_a_scalar_the_reference_computes_late_runs_first_so_the_tail_reading_it_need_not_wait():
+    # Spine 0 (X, 100,000 B, read by 2), 1 (g, 60,000, read by the tail 4), 2 (Y, 100,000, read by
+    # 5), 3 (s, 1 B: a step counter, read by 4). The reference computes s last, so 4 (the update,
+    # 1 B nobody reads) waits for it and g is held through 2's step: X + g + Y = 260,000. With s
+    # first, 4 runs right after 1 (s + X + g + its byte = 160,002) and 2's step holds X + Y: 200,000.
+    problem = Problem(((), (), (0,), (), (1, 3), (2,)),
+                      (Buffer(100_000, (0,), (2,)), Buffer(60_000, (1,), (4,)), Buffer(100_000, (2,), (5,)),
+                       Buffer(1, (3,), (4,)), Buffer(1, (4,), ())))
+    reference = [0, 1, 2, 5, 3, 4]
+    assert peak(problem, reference) == 260_000
+    _, desc = reachability(problem)
+    assert tails.Tails(problem, reference, desc, tail_descendants=1).schedule(300_000)[1] == 260_000
+    first = tails.Tails(problem, reference, desc, tail_descendants=1, scalars_first=True)
+    assert first.spine == [3, 0, 1, 2]
+    assert first.schedule(200_000) == ([3, 0, 1, 4, 2, 5], 200_000)
+    order_, best = tails.improve(problem, reference, desc, 100_000, 260_000, tail_descendants=1)
+    assert best == 200_000 == peak(problem, order_) and is_topological(problem, order_)
+
+
 @pytest.mark.skipif(ideals._ideals is None, reason="the C extension did not build: the reference's leaves run into their clocks")
 def test_the_sample_full_step_is_proven_optimal_within_the_leaf_budgets(tmp_path):
     # 724 nodes, proven along the division tree's leaves by a budget of visited sets, not a clock,
