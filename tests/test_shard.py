@@ -25,6 +25,8 @@ from roam_cli.core.collectives import ALL_GATHER, REDUCE_SCATTER, SHARDING_KEY
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend import training_graph
 from roam_cli.frontend.onnx_import import import_model
+from roam_cli.precision import LOW_TYPES, declared_types
+from roam_cli.precision.emulate import emulate
 from roam_cli.shard import shard
 from roam_cli.shard.arithmetic import join, padding, shard_size, split
 
@@ -70,7 +72,14 @@ def initial_state(rng) -> dict[str, np.ndarray]:
 
 
 def run(m: onnx.ModelProto, feeds: dict) -> dict[str, np.ndarray]:
-    session = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    """`m`'s outputs on the CPU provider; a 16-bit graph `emulate`d first and run without graph
+    optimizations, which would change its roundings (docs/precision.md)."""
+    options = ort.SessionOptions()
+    if declared_types(m) & set(LOW_TYPES):
+        m = onnx.ModelProto.FromString(m.SerializeToString())
+        emulate(m)
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    session = ort.InferenceSession(m.SerializeToString(), options, providers=["CPUExecutionProvider"])
     names = [o.name for o in session.get_outputs()]
     return dict(zip(names, session.run(None, {i.name: feeds[i.name] for i in session.get_inputs()})))
 
@@ -186,7 +195,8 @@ def test_the_rank_step_of_one_rank_is_the_step(steps, form):
 
 def parts(m: onnx.ModelProto) -> onnx.ModelProto:
     """The rank step without its collectives: their outputs inputs of the graph, the reduce-scatters'
-    inputs outputs of it (a rank's computation between its collectives, run by ONNX Runtime)."""
+    inputs and the shards a gather reads that the rank computes (a 16-bit copy) outputs of it (a
+    rank's computation between its collectives, run by ONNX Runtime)."""
     out = onnx.ModelProto()
     out.CopyFrom(m)
     g = out.graph
@@ -195,22 +205,31 @@ def parts(m: onnx.ModelProto) -> onnx.ModelProto:
     for n in collectives:
         g.node.remove(n)
         g.input.append(typed[n.output[0]])
-        if n.op_type == "ReduceScatter":
+        if n.op_type == "ReduceScatter" or n.input[0] in typed:
             g.output.append(typed[n.input[0]])
     return out
+
+
+def zeros(m: onnx.ModelProto, names) -> dict[str, np.ndarray]:
+    """Zeros of each named value's declared shape and type."""
+    types = {vi.name: vi.type.tensor_type for vi in m.graph.value_info}
+    return {x: np.zeros([d.dim_value for d in types[x].shape.dim], helper.tensor_dtype_to_np_dtype(types[x].elem_type))
+            for x in names}
 
 
 def simulate(m: onnx.ModelProto, ranks: int, feeds: list[dict]) -> list[dict]:
     """Every rank's outputs of rank step `m`, the collectives done in numpy: an all-gather
     concatenates the ranks' shards in rank order, a reduce-scatter gives rank r block r of the
-    mean over ranks. Gathers read state only and reduce-scatters feed the update only, so each rank
-    runs its computation twice: once for what it reduce-scatters, once with the reduced shards."""
+    mean over ranks. Gathers read state (or a copy the rank casts from it) only and reduce-scatters
+    feed the update only, so each rank runs its computation twice: once for what it reduce-scatters,
+    once with the reduced shards (and once before, for the shards it casts, where a gather reads one)."""
     inner = parts(m)
     gathers = [n for n in m.graph.node if (n.domain, n.op_type) == ALL_GATHER]
     scatters = [n for n in m.graph.node if (n.domain, n.op_type) == REDUCE_SCATTER]
+    unreduced = zeros(m, [n.output[0] for n in scatters])
+    if any(n.input[0] not in feeds[0] for n in gathers):
+        feeds = [f | run(inner, f | zeros(m, [n.output[0] for n in gathers]) | unreduced) for f in feeds]
     gathered = {n.output[0]: np.concatenate([f[n.input[0]] for f in feeds]) for n in gathers}
-    shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in m.graph.value_info}
-    unreduced = {n.output[0]: np.zeros(shapes[n.output[0]], np.float32) for n in scatters}
     first = [run(inner, f | gathered | unreduced) for f in feeds]
     reduced = [{n.output[0]: np.split(np.mean([o[n.input[0]] for o in first], axis=0), ranks)[r] for n in scatters}
                for r in range(ranks)]
@@ -243,6 +262,78 @@ def test_n_ranks_update_the_weights_as_the_full_step_on_the_global_batch(steps, 
         np.testing.assert_allclose(joined, reference[f"{name}.out"], rtol=1e-5, atol=1e-6, err_msg=name)
         pad = padding(int(np.prod(shape)), ranks)
         assert not np.any(outs[-1][out][len(outs[-1][out]) - pad:])  # the last rank's padding stays zero
+
+
+# ---- a mixed-precision step: its 16-bit weight copies gathered -------------------------------------
+
+@pytest.fixture(scope="module")
+def fp16_steps(tmp_path_factory):
+    """The MLP's fp16 mixed-precision step (float32 masters and AdamW; every weight cast to float16
+    for the products; loss scaling off, as its overflow check reads whole gradients) of ROWS, 2 x
+    ROWS and 4 x ROWS rows: {rows: path}."""
+    d = tmp_path_factory.mktemp("mlp_fp16")
+    made = {}
+    for rows in (ROWS, 2 * ROWS, 4 * ROWS):
+        save(mlp(rows), d / f"forward{rows}.onnx")
+        made[rows] = d / f"step{rows}.onnx"
+        training_graph.make(d / f"forward{rows}.onnx", made[rows], loss="none", in_graph=True, backward=roam_backward,
+                            precision="fp16", scaler_settings={"enabled": "false"})
+    return made
+
+
+def test_a_weight_read_only_through_a_16_bit_cast_is_cast_on_its_shard_and_gathered_in_16_bits(fp16_steps, tmp_path):
+    m, _ = shard(fp16_steps[ROWS], 4)
+    g = m.graph
+    typed = {vi.name: vi.type.tensor_type for vi in g.value_info}
+    for name, shard_elements in {"fc1.weight": 4, "fc2.weight": 3, "fc2.bias": 1}.items():
+        cast = next(n for n in g.node if n.op_type == "Cast" and list(n.input) == [name])
+        assert helper.get_attribute_value(cast.attribute[0]) == onnx.TensorProto.FLOAT16
+        assert [d.dim_value for d in typed[f"{name}.cast"].shape.dim] == [shard_elements]
+        gather = next(n for n in g.node if (n.domain, n.op_type) == ALL_GATHER and n.input[0] == name + ".cast")
+        assert gather.output[0] == f"{name}.gathered"
+        assert typed[f"{name}.gathered"].elem_type == onnx.TensorProto.FLOAT16
+    assert not any(n.op_type == "Cast" and n.input[0].endswith((".full", ".gathered", ".unpadded")) for n in g.node)
+    save(m, tmp_path / "rank.onnx")
+    graph = import_model(tmp_path / "rank.onnx").graph
+    assert graph.values["fc1.weight.cast"].shape == (4,) and graph.values["fc1.weight.gathered"].shape == (16,)
+    assert graph.values["fc1.weight.full"].dtype == onnx.TensorProto.FLOAT16
+    assert graph.values["fc1.weight.exp_avg"].dtype == onnx.TensorProto.FLOAT  # the master's state stays float32
+    planned = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "plan.json", "--recompute", "off")
+    assert planned.code == 0, planned.err
+    assert roam("verify", tmp_path / "rank.onnx", tmp_path / "plan.json").code == 0
+    c = json.loads((tmp_path / "plan.json").read_text())["sharding"]["communication"]
+    # 16, 12 and 4 gathered elements of 2 bytes: half the float32 step's 128 bytes; the gradients
+    # are float32 (the Cast's gradient widens them), reduce-scattered as float32
+    assert c["all_gather"]["bytes"] == (16 + 12 + 4) * 2
+    assert c["reduce_scatter"]["bytes"] == (16 + 12 + 4) * 4
+    assert c["sent_bytes"] == (64 + 128) * 3 // 4
+
+
+@pytest.mark.parametrize("ranks", [1, 2, 4])
+def test_n_ranks_of_the_fp16_step_gather_the_rounded_weights_and_update_as_the_full_step(fp16_steps, ranks):
+    m, _ = shard(fp16_steps[ROWS], ranks)
+    state = initial_state(np.random.default_rng(5))
+    x = np.random.default_rng(6).standard_normal([ranks * ROWS, 3]).astype(np.float32)
+    reference = run(onnx.load(fp16_steps[ranks * ROWS]), state | {"x": x})
+    feeds = [{name: split(v, ranks)[r] for name, v in state.items() if name not in ("learning_rate", "step")}
+             | {"learning_rate": state["learning_rate"], "step": state["step"], "x": x[r * ROWS:(r + 1) * ROWS]}
+             for r in range(ranks)]
+    outs = simulate(m, ranks, feeds)
+    for name, shape in SHAPES.items():  # every rank computes with its weight rounded to float16 as a whole
+        whole = np.concatenate([o[f"{name}.cast"] for o in outs])[:int(np.prod(shape))].reshape(shape)
+        assert whole.dtype == np.float16 and np.array_equal(whole, state[name].astype(np.float16)), name
+    if ranks == 1:  # one rank: the step itself, bit for bit
+        assert outs[0]["loss"] == reference["loss"]
+    assert np.mean([o["loss"] for o in outs]) == pytest.approx(float(reference["loss"]), rel=1e-3)
+    for name in state:
+        if name not in ("learning_rate", "step"):
+            out = new_value(m, name)
+            joined = join([o[out] for o in outs], SHAPES[name.split(".exp_avg")[0]])
+            if ranks == 1:
+                assert np.array_equal(joined, reference[f"{name}.out"]), name
+            # the ranks' float16 products of 2 rows each, averaged in float32, against the products of
+            # the whole batch: float16's rounding (2^-11) apart, not more
+            np.testing.assert_allclose(joined, reference[f"{name}.out"], rtol=2e-3, atol=1e-5, err_msg=name)
 
 
 def test_a_symbolic_batch_stays_symbolic_and_the_plan_binds_it(steps, tmp_path):

@@ -9,9 +9,15 @@ Per parameter P of shape S and n elements, s = ceil(n / N):
   G -> Reshape to [n] -> G.flat -> Pad to [N·s] (only when padded) -> G.padded
     -> ReduceScatter (ai.roam.collective, group_size N, axis 0, reduction "mean") -> G.shard [s],
   which the update reads instead of G. The update's nodes are element-wise: unchanged, they run on
-  [s]. Graph inputs and in-place outputs keep their names and pairs; their shapes become [s]. A
-  gather is placed in the file before the first node reading P, a reduce-scatter right after the
-  node making G: the order roam plans moves them where they are best."""
+  [s]. Where every reader of P is a Cast to one 16-bit type (a mixed-precision step's weight
+  copies), the rank casts its shard first and gathers the 16-bit shard: P [s] -> Cast -> P.cast [s]
+  -> AllGather -> ..., the readers of the Casts' outputs read P.full and the Casts go. Half of
+  float32's bytes cross the interconnect, as FSDP's MixedPrecisionPolicy gathers param_dtype, and
+  the values are the same: a cast rounds each element alone, so it commutes with gathering,
+  slicing and reshaping. Graph inputs and in-place outputs keep their names and pairs; their
+  shapes become [s]. A gather is placed in the file before the first node reading P, a
+  reduce-scatter right after the node making G: the order roam plans moves them where they are
+  best."""
 
 import numpy as np
 import onnx
@@ -20,11 +26,12 @@ from onnx import helper, numpy_helper
 from roam_cli.core.collectives import ALL_GATHER, REDUCE_SCATTER
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph
+from roam_cli.precision import LOW_TYPES
 from roam_cli.shard.arithmetic import padding, shard_size
 from roam_cli.shard.find import Survey
 
 MIN_OPSET = 13  # Slice, Pad and Reshape take their sizes as inputs
-SLICE, PAD, RESHAPE = ("", "Slice"), ("", "Pad"), ("", "Reshape")
+SLICE, PAD, RESHAPE, CAST = ("", "Slice"), ("", "Pad"), ("", "Reshape"), ("", "Cast")
 
 
 class Names:
@@ -68,13 +75,21 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
 
     before: dict[int, list[onnx.NodeProto]] = {}  # node index -> the gathers placed before it
     after: dict[int, list[onnx.NodeProto]] = {}  # node index -> the reduce-scatters placed after it
-    gathered: dict[str, str] = {}  # parameter -> the full value the forward and backward read
+    gathered: dict[str, str] = {}  # parameter (or its Casts' outputs) -> the full value the forward and
+    # backward read
     reduced: dict[str, str] = {}  # gradient -> its shard, which the update reads
+    dropped: set[int] = set()  # the Casts of full values whose shards are cast instead
     for p in found.parameters:
         dtype, n = graph.values[p.name].dtype, p.numel
         s, pad = shard_size(n, ranks), padding(n, ranks)
-        chain = [node(f"{p.name}/all_gather", ALL_GATHER, [p.name], fresh(f"{p.name}.gathered"), [ranks * s], dtype,
-                      group_size=ranks, axis=0)]
+        readers = [u for u in graph.consumers.get(p.name, ()) if u not in found.update_nodes]
+        low = low_copy(graph, readers, found.update_nodes)
+        chain = []
+        if low is not None:
+            dtype = low
+            chain.append(node(f"{p.name}/cast", CAST, [p.name], fresh(f"{p.name}.cast"), [s], dtype, to=dtype))
+        chain.append(node(f"{p.name}/all_gather", ALL_GATHER, [chain[-1].output[0] if chain else p.name],
+                          fresh(f"{p.name}.gathered"), [ranks * s], dtype, group_size=ranks, axis=0))
         if pad:
             chain.append(node(f"{p.name}/unpad", SLICE, [chain[-1].output[0], const(f"{p.name}.start", [0]),
                                                          const(f"{p.name}.numel", [n]), const(f"{p.name}.axis", [0])],
@@ -82,7 +97,9 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
         chain.append(node(f"{p.name}/reshape", RESHAPE, [chain[-1].output[0], const(f"{p.name}.shape", list(p.shape))],
                           fresh(f"{p.name}.full"), list(p.shape), dtype))
         gathered[p.name] = chain[-1].output[0]
-        readers = [u for u in graph.consumers.get(p.name, ()) if u not in found.update_nodes]
+        if low is not None:  # every Cast's output is the gathered 16-bit value
+            gathered.update({graph.nodes[u].outputs[0]: chain[-1].output[0] for u in readers})
+            dropped.update(readers)
         before.setdefault(min(readers), []).extend(chain)
         for grad in p.gradients:
             gdtype = graph.values[grad].dtype
@@ -99,6 +116,8 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
     nodes = []
     for i, proto in enumerate(g.node):
         nodes.extend(before.get(i, ()))
+        if i in dropped:
+            continue
         renamed = reduced if i in found.update_nodes else gathered
         proto.input[:] = [renamed.get(x, x) for x in proto.input]
         nodes.append(proto)
@@ -115,7 +134,8 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
     for vi in list(g.input) + list(g.output):
         if vi.name in typed:
             vi.type.CopyFrom(helper.make_tensor_type_proto(*typed[vi.name]))
-    kept = [vi for vi in g.value_info if vi.name not in typed]
+    gone = {graph.nodes[i].outputs[0] for i in dropped}
+    kept = [vi for vi in g.value_info if vi.name not in typed and vi.name not in gone]
     del g.value_info[:]
     g.value_info.extend(kept)
     declared = {vi.name for vi in list(g.input) + list(g.output)}
@@ -124,3 +144,18 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
         if not any(o.domain == domain for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid(domain, 1))
     return out
+
+
+def low_copy(graph: Graph, readers: list[int], update_nodes: set[int]) -> int | None:
+    """The 16-bit type every one of a parameter's `readers` (its forward and backward nodes) casts
+    it to, when each is a Cast to that one type whose output neither leaves the graph nor feeds the
+    update (which reads shards); else None."""
+    types = set()
+    for u in readers:
+        n = graph.nodes[u]
+        out = n.outputs[0]
+        if ((n.domain, n.op_type) != CAST or out in graph.outputs
+                or any(c in update_nodes for c in graph.consumers.get(out, ()))):
+            return None
+        types.add(graph.values[out].dtype)
+    return types.pop() if len(types) == 1 and next(iter(types)) in LOW_TYPES else None
