@@ -44,6 +44,8 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
         model.ParseFromString(data)
     except (DecodeError, ValueError, RuntimeError) as e:
         reason = str(e).strip().splitlines()[0] if str(e).strip() else "protobuf parse failed"
+        if "utf-8" in reason and "in field: " in reason:  # protobuf 7 refuses such a name as it parses
+            reason = f"a {reason.rsplit('in field: ', 1)[1].rstrip(')')} is not UTF-8 text"
         raise RoamError(f"{path}: not a valid ONNX model ({reason})") from None
     if not model.HasField("graph") or model.ir_version <= 0:
         raise RoamError(f"{path}: not an ONNX model (no graph or no IR version)")
