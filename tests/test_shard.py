@@ -367,13 +367,16 @@ def test_a_bad_rank_count_or_a_step_without_parameters_is_refused(steps, tmp_pat
     assert again.code == 2 and "already a rank step" in again.err
 
 
-def with_extra_input(path, tmp_path, shape, name="scale") -> str:
-    """The step with one more data input, multiplied into the prediction before the loss."""
+def with_extra_input(path, tmp_path, shape, name="scale", summed=False) -> str:
+    """The step with one more data input, multiplied into the prediction before the loss (`summed`:
+    its sum, for a shape that does not broadcast with the prediction's)."""
     m = onnx.load(path)
     for n in m.graph.node:
         if n.op_type == "Mul" and list(n.input) == ["y", "y"]:
             n.input[:] = ["y.scaled", "y.scaled"]
-    m.graph.node.insert(0, node("Mul", ["y", name], ["y.scaled"]))
+    m.graph.node.insert(0, node("Mul", ["y", f"{name}.sum" if summed else name], ["y.scaled"]))
+    if summed:
+        m.graph.node.insert(0, node("ReduceSum", [name], [f"{name}.sum"], keepdims=0))
     m.graph.input.append(helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, shape))
     out = tmp_path / f"extra_{len(shape)}.onnx"
     onnx.save(m, out)
@@ -384,6 +387,16 @@ def test_data_inputs_whose_batch_cannot_be_split_are_refused(steps, tmp_path):
     # (the added node is out of topological place; import sorts it)
     with pytest.raises(RoamError, match=r"data inputs 'x' and 'scale' disagree on the batch \(2 and 1 rows\)"):
         shard(with_extra_input(steps["roam"], tmp_path, [1, 2]), 2)
+
+
+def test_an_input_flattened_over_the_batch_and_the_next_axis_splits_with_it(steps, tmp_path):
+    # x is [2, 3] per rank; a 1-d input of 2 * 3 = 6 rows is x's rows flattened (labels [B*S]
+    # beside input_ids [B, S]): rank r's 6 are the global 12's [6r, 6r + 6), its own sequences
+    m, record = shard(with_extra_input(steps["roam"], tmp_path, [ROWS * 3], summed=True), 2)
+    assert record["data_inputs"] == ["x", "scale"] and record["batch"] == {"rank": ROWS, "global": 2 * ROWS}
+    # any other length is not a batch roam can split
+    with pytest.raises(RoamError, match=r"data inputs 'x' and 'scale' disagree on the batch \(2 and 5 rows\)"):
+        shard(with_extra_input(steps["roam"], tmp_path, [5], summed=True), 2)
 
 
 def test_a_scalar_the_forward_reads_is_replicated(steps, tmp_path):

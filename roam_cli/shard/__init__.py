@@ -53,19 +53,22 @@ def shard(path: Path, ranks: int) -> tuple[onnx.ModelProto, dict]:
 def batch(graph: onnx.GraphProto, data_inputs: list[str], ranks: int) -> dict:
     """{"rank": the rows of each rank's batch (a number, or the symbolic dimension's name, which the
     plan binds), "global": ranks x rows, or null}: every data input's first dimension, which must
-    be one."""
+    be one, or for a fixed batch b of inputs [b, s, ...] the b*s of a 1-d input flattened over both
+    (labels [B*S] beside input_ids [B, S], as a loss on logits [B*S, V] reads them): it splits into
+    N equal parts row-major too, so each rank gets its own sequences' rows."""
     if not data_inputs:
         raise RoamError("the step reads no data input in its forward: there is no batch to split over ranks")
-    rows = {}
+    shapes = {}
     for vi in graph.input:
         if vi.name in data_inputs:
-            dims = vi.type.tensor_type.shape.dim
-            rows[vi.name] = dims[0].dim_param if dims[0].HasField("dim_param") else dims[0].dim_value
-    if len(set(rows.values())) > 1:
-        (a, x), (b, y) = list(rows.items())[0], next((k, v) for k, v in rows.items() if v != list(rows.values())[0])
-        raise RoamError(f"data inputs {a!r} and {b!r} disagree on the batch ({x} and {y} rows): roam shard splits "
-                        "every data input's first dimension over the ranks")
-    b = next(iter(rows.values()))
+            shapes[vi.name] = [d.dim_param if d.HasField("dim_param") else d.dim_value for d in vi.type.tensor_type.shape.dim]
+    first = next((k for k, s in shapes.items() if len(s) > 1), next(iter(shapes)))  # not a flattened one
+    b = shapes[first][0]
+    flattened = {b * s[1] for s in shapes.values() if isinstance(b, int) and len(s) > 1 and isinstance(s[1], int)}
+    for name, shape in shapes.items():
+        if shape[0] != b and not (len(shape) == 1 and shape[0] in flattened):
+            raise RoamError(f"data inputs {first!r} and {name!r} disagree on the batch ({b} and {shape[0]} rows): roam "
+                            "shard splits every data input's first dimension over the ranks")
     return {"rank": b, "global": ranks * b if isinstance(b, int) else None}
 
 
