@@ -1,0 +1,397 @@
+#!/usr/bin/env python3
+"""roam's rank plans against PyTorch FSDP2's per-rank peak and communication (issue 40's table).
+
+    python benchmarks/fsdp2_compare.py [--only gpt2_small-n8,70b-n64] [--precisions float32,bf16] \\
+        [--json benchmarks/results/fsdp2_compare.json]
+
+FSDP2's side is benchmarks/fsdp2_memory.py's JSON (`--fsdp2`; FSDPMemTracker under FakeTensorMode with a
+fake process group, each transformer block a unit, foreach AdamW, the second step): per row, precision
+and policy (`default`: reshard_after_forward True for the blocks and False for the root; `reshard`: True
+everywhere; `keep`: False everywhere) the per-rank peak and the collectives' bytes.
+
+roam's side is the same model at the same per-rank batch, made by roam (`STEPS`): GPT-2 small 4 x 256
+(suite.py's export, `make-training-graph --backend ort-artifacts --fused --in-graph-optimizer`; its bf16
+step benchmarks/amp_memory.py's, roam's backward with `--precision bf16`), and scale.py's LLaMA steps at
+1 x 512 (`7b`, `70b`, `405b` in the variants `base`, ONNX Runtime's backward, and `bf16`, roam's
+backward with `--precision bf16`; `scale.py --build` makes them). Per row and precision, each timed
+under /usr/bin/time -v (wall and CPU seconds, the command and its workers):
+
+    roam shard STEP --ranks N -o RANK.onnx
+    roam optimize RANK.onnx -o PLAN --recompute free|off --gap 0.01 --jobs 2 [--device infiniband-ndr-gpu]
+    roam verify RANK.onnx PLAN
+
+What a rank needs, roam: the plan's persistent bytes (the rank's shards of the parameters and both
+AdamW moments, the replicated inputs, the batch, constants) plus its arena (every transient of the
+step: activations, gathered parameters, gradients before their reduce-scatter, the update's
+temporaries), laid out. FSDP2: the tracker's peak (sharded parameters, gradients and AdamW state,
+unsharded parameters and all-gather buffers, activations, backward temporaries, buffers, inputs), at
+the phase where it peaks (forward/backward, or the optimizer, which holds every sharded gradient);
+no allocator fragmentation counted.
+
+Like for like, checked per row (`checks`): the same number of parameter elements (roam's record
+against FSDP2's hand count), the same rows and sequence per rank, the same ranks. Where they differ:
+FSDP2 pads a parameter on its first dimension (ceil(d0 / N) rows), roam flat (ceil(numel / N)
+elements); FSDP2 gathers a unit (a block, the root) in one collective, roam each parameter in its own;
+FSDP2's bf16 (`MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=float32)`) casts every parameter
+to bf16 and runs the whole module in bf16, where roam's bf16 step is autocast's (the matrix products
+in bf16, the rest, the embedding lookup and the norms, in float32), so roam gathers in bf16 only the
+weights that are read through a bf16 Cast alone, and in float32 the others (the embedding table, the
+norms' weights). Both reduce-scatter float32 gradients and keep float32 masters and moments.
+
+The communication columns are what each rank sends per step (a ring sends (N - 1)/N of every
+buffer, and receives as much): FSDP2's from its collectives' bytes, roam's the plan's `sent_bytes`.
+The exposed time is the estimate of docs/sharding.md ("The communication estimate"): the same ring
+formula on the same profile (nvlink4-gpu, 8 H100s on NVSwitch, for N = 8; infiniband-ndr-gpu, one
+NDR adapter per GPU, for N = 64) and the same compute (roam's cost model of the rank's nodes). roam's
+is its plan's: the plan's order, its collectives one per parameter, issued where the order reaches
+them. FSDP2's is `fsdp2_steps`: its collectives one per unit with FSDP2's bytes, on one stream beside
+the compute; the rank step's other nodes in the order of roam's plan without recompute (`off`: the
+same compute, in the order roam runs it; a Shape of a gathered weight reads no data), the optimizer's
+after the whole backward (FSDP2 waits for every reduce-scatter before optimizer.step()). Assumed of FSDP2's
+overlap: the root's all-gather exposed at the start; each unit's forward all-gather issued when the
+unit before it starts computing (prefetch 1: the CPU running ahead of the GPU, FSDP2's implicit
+forward prefetch); in the backward each resharded unit's all-gather issued when the unit after it in
+forward order starts its backward (FSDP2's default backward prefetch of one unit); each unit's
+reduce-scatter issued when its last gradient is made; no contention between NCCL and the compute.
+
+The plans, rank steps and logs go to `--work` (default /work/fsdp2_compare). Every figure goes to
+--json (after each row); the table to stdout."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import json
+import platform
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import onnx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "benchmarks"))
+import scale  # (the LLaMA steps' paths, timed commands)
+
+from roam_cli.core import memory
+from roam_cli.core.collectives import ALL_GATHER, REDUCE_SCATTER, SHARDING_KEY
+from roam_cli.cost import profile as profiles
+from roam_cli.cost.estimate import COLLECTIVE, Step, estimate
+from roam_cli.frontend.onnx_import import import_model
+from roam_cli.offload import timing
+
+MIB, GIB = 2**20, 2**30
+PRECISIONS = ("float32", "bf16")
+POLICIES = ("default", "reshard", "keep")
+MODES = ("free", "off")
+WORK = Path("/work/fsdp2_compare")
+
+
+def _llama(size: str) -> dict[str, Path]:
+    return {"float32": scale.step_path(scale.CACHE, size, scale.VARIANTS["base"]),
+            "bf16": scale.step_path(scale.CACHE, size, scale.VARIANTS["bf16"])}
+
+
+STEPS = {  # FSDP2's row -> roam's full step per precision
+    "gpt2_small-n8": {"float32": Path("/work/suite_cache/gpt2_small/full_step.onnx"),
+                      "bf16": Path("/work/amp_cache/gpt2_small/step.bf16.onnx")},
+    "llama_7b-n8": _llama("7b"),
+    "70b-n8": _llama("70b"),
+    "70b-n64": _llama("70b"),
+    "405b-n64": _llama("405b"),
+}
+BLOCK = re.compile(r"(?:^|\.)(?:h|layers)\.(\d+)\.")  # GPT-2's and LLaMA's transformer blocks
+
+
+def device_for(ranks: int) -> str:
+    """8 ranks: one HGX/DGX node (NVLink); more: nodes joined by InfiniBand, which bounds a ring."""
+    return "nvlink4-gpu" if ranks <= 8 else "infiniband-ndr-gpu"
+
+
+# ---- roam's side ------------------------------------------------------------------------------------
+
+def sharding_record(rank: Path) -> dict:
+    return json.loads({p.key: p.value for p in onnx.load(rank, load_external_data=False).metadata_props}[SHARDING_KEY])
+
+
+def roam_side(name: str, precision: str, step: Path, ranks: int, work: Path, gap: str, jobs: int) -> dict:
+    """Shard, plan (free and off) and verify one step, each command timed."""
+    rank = work / f"{name}.{precision}.rank.onnx"
+    device = device_for(ranks)
+    commands, out = [], {"step": str(step), "rank_step": str(rank), "device": device}
+
+    def timed(*args) -> tuple[int, str, dict]:
+        code, message, wall, cpu, rss = scale.timed(*map(str, args))
+        commands.append({"command": "roam " + " ".join(map(str, args)), "exit": code, "seconds": round(wall, 1),
+                         "cpu_seconds": round(cpu, 1), "rss_gib": round(rss, 2)})
+        return code, message, commands[-1]
+
+    code, message, out["shard"] = timed("shard", step, "--ranks", ranks, "-o", rank)
+    if code != 0:
+        return out | {"failed": message.splitlines()[-1], "commands": commands}
+    out["record"] = {k: v for k, v in sharding_record(rank).items() if k in ("ranks", "batch", "data_inputs")}
+    for mode in MODES:
+        plan = work / f"{name}.{precision}.{mode}.plan.json"
+        code, message, t = timed("optimize", rank, "-o", plan, "--recompute", mode, "--gap", gap, "--jobs", jobs,
+                                 "--device", device)
+        if code != 0:
+            out[mode] = {"failed": message.splitlines()[-1] if message else f"exit {code}", "optimize": t}
+            continue
+        verified, _, v = timed("verify", rank, plan)
+        p = json.loads(plan.read_text())
+        out[mode] = {"plan": str(plan), "optimize": t, "verify": v, "verified": verified == 0,
+                     "persistent_bytes": p["persistent_bytes"], "arena_bytes": p["arena_bytes"],
+                     "per_rank_bytes": p["persistent_bytes"] + p["arena_bytes"],
+                     "peak_live_bytes": p["peak_live_bytes"], "communication": p["sharding"]["communication"]}
+    return out | {"commands": commands}
+
+
+# ---- FSDP2's communication estimate -------------------------------------------------------------------
+
+def unit_of(parameter: str) -> int | str:
+    m = BLOCK.search(parameter)
+    return int(m.group(1)) if m else "root"
+
+
+def gathered_by(graph, parameters: dict) -> dict[int, str]:
+    """The nodes that make a parameter's gathered value (the cast of its shard, the all-gather, the
+    unpad and reshape, a cast of the full value) -> the parameter: FSDP2's all-gather with its
+    copy-in cast and copy-out."""
+    chain: dict[int, str] = {}
+    for p in parameters:
+        values = [p]
+        while values:
+            v = values.pop()
+            for u in graph.consumers.get(v, ()):
+                n = graph.nodes[u]
+                if u in chain or n.op_type not in ("Cast", "AllGather", "Slice", "Reshape"):
+                    continue
+                if v == p and (n.domain, n.op_type) != ALL_GATHER and not (
+                        n.op_type == "Cast" and any((graph.nodes[w].domain, graph.nodes[w].op_type) == ALL_GATHER
+                                                    for w in graph.consumers.get(n.outputs[0], ()))):
+                    continue  # the update's reads of the shard
+                chain[u] = p
+                values.extend(n.outputs)
+    return chain
+
+
+def reduced_parameter(graph, i: int, parameters: dict, state: dict) -> str:
+    """The parameter whose gradient reduce-scatter `i` reduces: the first parameter or optimizer
+    state its update reads."""
+    seen, values = set(), [graph.nodes[i].outputs[0]]
+    while values:
+        for u in graph.consumers.get(values.pop(), ()):
+            for x in graph.nodes[u].inputs:
+                if x in parameters:
+                    return x
+                if x in state:
+                    return state[x]
+            values.extend(o for o in graph.nodes[u].outputs if o not in seen)
+            seen.update(graph.nodes[u].outputs)
+    raise ValueError(f"reduce-scatter {graph.nodes[i].name} feeds no parameter's update")
+
+
+def fsdp2_steps(graph, mm, planned: list[int], record: dict, resharded, gather_bytes: dict,
+                reduce_bytes: dict) -> list[Step]:
+    """The rank step's compute in the order `planned` (node indices), its collectives as FSDP2
+    schedules them (see the module's docstring): `resharded(unit)` says whether a unit is gathered
+    again in the backward; the bytes are FSDP2's per unit."""
+    nodes, classes = graph.nodes, mm.node_class
+    at = {i: k for k, i in enumerate(planned)}
+    base = [dataclasses.replace(s, after=tuple(planned[j] for j in s.after)) for s in timing.steps(graph, mm, planned)]
+    base = [base[at[i]] for i in range(len(nodes))]  # by node index, reading node indices
+    chain = gathered_by(graph, record["parameters"])
+    scatters = {i: reduced_parameter(graph, i, record["parameters"], record["state"])
+                for i, n in enumerate(nodes) if (n.domain, n.op_type) == REDUCE_SCATTER}
+    compute = [i for i in planned if i not in chain and i not in scatters]
+    order = [i for i in compute if classes[i] != "update"] + [i for i in compute if classes[i] == "update"]
+    pos = {i: k for k, i in enumerate(order)}
+    phase = {i: "forward" if classes[i] == "forward" else "backward" for i in order}
+    first: dict[str, dict] = {"forward": {}, "backward": {}}  # phase -> unit -> position of its first reader
+    shape_only = {i for i in order if nodes[i].op_type in ("Shape", "Size")}  # metadata: no gathered data read
+    for k, i in enumerate(order):
+        for j in base[i].after:
+            if j in chain and i not in shape_only:
+                first[phase[i]].setdefault(unit_of(chain[j]), k)
+    issue = defaultdict(list)  # position -> the all-gathers issued just before it
+    for ph in ("forward", "backward"):
+        units = sorted(first[ph], key=first[ph].get)
+        for k, u in enumerate(units):
+            if ph == "forward" or resharded(u):
+                issue[first[ph][units[max(k - 1, 0)]]].append((u, ph))
+    sources = defaultdict(set)  # unit -> the nodes its reduce-scatter reads (its gradients, flat and padded)
+    for i, p in scatters.items():
+        sources[unit_of(p)].update(base[i].after)
+    scatter_after = defaultdict(list)
+    for u, js in sources.items():
+        scatter_after[max(pos[j] for j in js)].append(u)
+
+    out: list[Step] = []
+    new, gathered, reduced = {}, {}, {}
+    first_update = next((i for i in order if classes[i] == "update"), None)
+    for k, i in enumerate(order):
+        for u, ph in issue.get(k, ()):
+            gathered[u, ph] = len(out)
+            out.append(Step(COLLECTIVE, "AllGather", 0, gather_bytes[u], ()))
+        after = set()
+        for j in base[i].after:
+            if j in chain:
+                if i not in shape_only:
+                    u = unit_of(chain[j])
+                    after.add(gathered[u, "backward"] if (u, "backward") in gathered and phase[i] == "backward"
+                              else gathered[u, "forward"])
+            elif j in scatters:
+                after.add(reduced[unit_of(scatters[j])])
+            else:
+                after.add(new[j])
+        if i == first_update:
+            after.update(reduced.values())
+        new[i] = len(out)
+        out.append(dataclasses.replace(base[i], after=tuple(sorted(after))))
+        for u in scatter_after.get(k, ()):
+            reduced[u] = len(out)
+            out.append(Step(COLLECTIVE, "ReduceScatter", 0, reduce_bytes[u], tuple(sorted(new[j] for j in sources[u]))))
+    return out
+
+
+def fsdp2_estimates(rank: Path, plan: Path | None, ranks: int, runs: dict, fp32_hand: dict) -> dict:
+    """Per FSDP2 policy: the estimated communication, exposed and step seconds, on the row's profile,
+    the compute in the order of `plan` (roam's plan without recompute; None: the graph's order)."""
+    graph = import_model(rank).graph
+    mm = memory.build(graph)
+    index = {n.name: i for i, n in enumerate(graph.nodes)}
+    planned = [index[name] for name in json.loads(plan.read_text())["order"]] if plan else list(range(len(index)))
+    record = json.loads(graph.metadata[SHARDING_KEY])
+    profile = profiles.for_step(device_for(ranks), sharded=True)
+    reshard = {"default": lambda u: u != "root", "reshard": lambda u: True, "keep": lambda u: False}
+    reduce_bytes = {"root": fp32_hand["root_gathered_bytes"]} | dict(enumerate(fp32_hand["block_gathered_bytes"]))
+    out = {}
+    for policy, run in runs.items():
+        hand = run["hand"]
+        gather_bytes = {"root": hand["root_gathered_bytes"]} | dict(enumerate(hand["block_gathered_bytes"]))
+        steps = fsdp2_steps(graph, mm, planned, record, reshard[policy], gather_bytes, reduce_bytes)
+        gathers = sum(s.bytes for s in steps if s.kind == COLLECTIVE and s.op_type == "AllGather")
+        scatters = sum(s.bytes for s in steps if s.kind == COLLECTIVE and s.op_type == "ReduceScatter")
+        c = run["communication"]
+        assert gathers == c["all_gather_forward_bytes"] + c["all_gather_backward_bytes"], (policy, gathers, c)
+        assert scatters == c["reduce_scatter_bytes"], (policy, scatters, c)
+        with_them, without = estimate(profile, steps, ranks), estimate(profile, steps, 1)
+        out[policy] = {"seconds": with_them.network_seconds, "exposed_seconds": with_them.seconds - without.seconds,
+                       "step_seconds": with_them.seconds, "profile": profile.name}
+    return out
+
+
+# ---- the comparison -----------------------------------------------------------------------------------
+
+def checks(row: dict, roam: dict, fsdp_run: dict) -> dict:
+    """Like for like: parameter elements, rows and sequence per rank, ranks."""
+    rank = Path(roam["rank_step"])
+    record = sharding_record(rank)
+    model = onnx.load(rank, load_external_data=False)
+    data = next(vi for vi in model.graph.input if vi.name == record["data_inputs"][0])
+    seq = [d.dim_value for d in data.type.tensor_type.shape.dim][1]
+    elements = sum(p["numel"] for p in record["parameters"].values())
+    low = sum(n.op_type == "AllGather" and n.input[0].endswith(".cast") for n in model.graph.node)
+    found = {"parameters": [elements, fsdp_run["hand"]["parameters"]],
+             "batch_per_rank": [record["batch"]["rank"], row["batch_per_rank"]], "seq": [seq, row["seq"]],
+             "ranks": [record["ranks"], row["ranks"]],
+             "gathered_16_bit": f"{low} of {len(record['parameters'])} parameters"}
+    found["equal"] = all(a == b for a, b in (v for v in found.values() if isinstance(v, list)))
+    return found
+
+
+def sent(c: dict, ranks: int) -> int:
+    """FSDP2's bytes each rank sends per step: (N - 1)/N of every collective's buffer."""
+    return (c["all_gather_forward_bytes"] + c["all_gather_backward_bytes"] + c["reduce_scatter_bytes"]) \
+        * (ranks - 1) // ranks
+
+
+def three(values, fmt) -> str:
+    return " / ".join("–" if v is None else format(v, fmt) for v in values)
+
+
+def table_row(r: dict) -> str:
+    fs, roam, est = r["fsdp2"], r["roam"], r.get("fsdp2_estimate", {})
+    if "failed" in roam:
+        return f"| {r['row']} | {r['precision']} | failed: {roam['failed']} |" + " |" * 9
+    plans = [roam.get(m, {}) for m in MODES]
+    per_rank = [p.get("per_rank_bytes") for p in plans]
+    default = fs["default"]["peak"]["Total"] if fs else None
+    fs_peak = [fs[p]["peak"]["Total"] / MIB if p in fs else None for p in POLICIES]
+    fs_sent = [sent(fs[p]["communication"], r["ranks"]) / GIB if p in fs else None for p in POLICIES]
+    roam_sent = [p["communication"]["sent_bytes"] / GIB if "communication" in p else None for p in plans]
+    fs_exposed = [est[p]["exposed_seconds"] * 1e3 if p in est else None for p in POLICIES]
+    roam_exposed = [p["communication"]["exposed_seconds"] * 1e3 if "communication" in p else None for p in plans]
+    planning = " / ".join(f"{p['optimize']['seconds']:.0f} ({p['optimize']['cpu_seconds']:.0f})" if "optimize" in p
+                          else "–" for p in plans)
+    cells = [r["row"], r["precision"], three(fs_peak, ",.0f"), three([b / MIB if b else None for b in per_rank], ",.0f"),
+             three([b / default if b and default else None for b in per_rank], ".2f"), three(fs_sent, ",.2f"),
+             three(roam_sent, ",.2f"), three(fs_exposed, ",.1f"), three(roam_exposed, ",.1f"),
+             f"{roam['shard']['seconds']:.0f} ({roam['shard']['cpu_seconds']:.0f})", planning,
+             "yes" if all(p.get("verified") for p in plans) else "NO"]
+    return "| " + " | ".join(cells) + " |"
+
+
+HEADER = ("| row | precision | FSDP2 peak MiB (default / reshard / keep) | roam per rank MiB (free / off) "
+          "| roam ÷ FSDP2 default (free / off) | FSDP2 sent GiB (default / reshard / keep) | roam sent GiB (free / off) "
+          "| FSDP2 exposed ms, estimated (default / reshard / keep) | roam exposed ms, plan (free / off) "
+          "| shard s (CPU s) | optimize s (CPU s) (free / off) | verifies |\n"
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--fsdp2", type=Path, default=ROOT / "benchmarks/results/fsdp2_memory.json",
+                    help="benchmarks/fsdp2_memory.py's JSON")
+    ap.add_argument("--only", help="comma-separated rows (" + ", ".join(STEPS) + ")")
+    ap.add_argument("--precisions", default=",".join(PRECISIONS))
+    ap.add_argument("--gap", default="0.01")
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--work", type=Path, default=WORK)
+    ap.add_argument("--roam-from", type=Path, help="take roam's side (plans, timings) from this earlier --json "
+                    "where it has the row, and compute FSDP2's side again (its JSON grew)")
+    ap.add_argument("--json", dest="json_out", type=Path)
+    args = ap.parse_args(argv)
+    fsdp = {r["row"]: r for r in json.loads(args.fsdp2.read_text())["rows"]}
+    earlier = {(r["row"], r["precision"]): r["roam"] for r in
+               (json.loads(args.roam_from.read_text())["rows"] if args.roam_from else ())}
+    names = args.only.split(",") if args.only else list(STEPS)
+    args.work.mkdir(parents=True, exist_ok=True)
+    rows = []
+    print(HEADER, flush=True)
+    for name in names:
+        row = fsdp.get(name, {"ranks": int(name.rsplit("-n", 1)[1]), "runs": ()})  # FSDP2's may come later
+        runs = defaultdict(dict)
+        for run in row["runs"]:
+            runs[run["precision"]][run["policy"]] = run
+        for precision in args.precisions.split(","):
+            step = STEPS[name][precision]
+            r = {"row": name, "precision": precision, "ranks": row["ranks"], "fsdp2": runs[precision]}
+            if (name, precision) in earlier:
+                r["roam"] = earlier[name, precision]
+            elif not step.exists():
+                r["roam"] = {"failed": f"{step} is missing (benchmarks/scale.py --build, amp_memory.py --build)"}
+            else:
+                r["roam"] = roam_side(name, precision, step, row["ranks"], args.work, args.gap, args.jobs)
+            if "failed" not in r["roam"] and runs[precision]:
+                r["checks"] = checks(row, r["roam"], next(iter(runs[precision].values())))
+                off = args.work / f"{name}.{precision}.off.plan.json" if "verified" in r["roam"]["off"] else None
+                r["fsdp2_estimate"] = fsdp2_estimates(Path(r["roam"]["rank_step"]), off, row["ranks"], runs[precision],
+                                                      runs["float32"]["default"]["hand"])
+            rows.append(r)
+            print(table_row(r), flush=True)
+            if args.json_out:
+                meta = {"date": datetime.date.today().isoformat(),
+                        "machine": f"{platform.machine()}, Python {platform.python_version()}, 2 cores (shared)",
+                        "command": "python benchmarks/fsdp2_compare.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+                        "fsdp2": str(args.fsdp2)}
+                tmp = args.json_out.with_suffix(".tmp")
+                tmp.write_text(json.dumps(meta | {"rows": rows}, indent=1) + "\n")
+                tmp.replace(args.json_out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
