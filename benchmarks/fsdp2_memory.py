@@ -364,6 +364,8 @@ def gathered_at_peak(peak: dict, h: dict) -> str:
     """The tracker's unsharded parameters + all-gather buffers at the peak as the hand units: "root + k
     blocks" where it is exactly that (the blocks are of one size), else MiB."""
     gathered = peak["Unsharded Param"] + peak["All Gather"]
+    if gathered == 0:
+        return "none"
     root, block = h["root_gathered_bytes"], h["block_gathered_bytes"][0]
     for with_root in (True, False):
         rest = gathered - root * with_root
