@@ -15,7 +15,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import SAMPLE, roam
-from onnx import helper
+from onnx import helper, numpy_helper
 from onnx_builder import model, node, save
 from test_functional_step import functional
 
@@ -34,19 +34,33 @@ ROWS = 2  # each rank's batch
 SHAPES = {"fc1.weight": (3, 5), "fc2.weight": (5, 2), "fc2.bias": (2,)}
 
 
-def mlp(rows: int) -> onnx.ModelProto:
+def mlp(rows: int, shape_read: bool = False) -> onnx.ModelProto:
+    """`shape_read`: the loss also scaled by k, fc1.weight's dimensions' sum (8)."""
     rng = np.random.default_rng(0)
     inits = {name: rng.standard_normal(shape).astype(np.float32) for name, shape in SHAPES.items()}
     nodes = [node("MatMul", ["x", "fc1.weight"], ["h"]), node("Tanh", ["h"], ["a"]),
              node("MatMul", ["a", "fc2.weight"], ["y0"]), node("Add", ["y0", "fc2.bias"], ["y"]),
              node("Mul", ["y", "y"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)]
+    if shape_read:
+        nodes[-1].output[:] = ["mean"]
+        nodes += [node("Shape", ["fc1.weight"], ["dims"]), node("Cast", ["dims"], ["dims_f"], to=onnx.TensorProto.FLOAT),
+                  node("ReduceSum", ["dims_f"], ["k"], keepdims=0), node("Mul", ["mean", "k"], ["loss"])]
     return model(nodes, [("x", [rows, 3])], [("loss", [])], initializers=inits)
 
 
-def full_step(folder, rows: int):
-    save(mlp(rows), folder / f"forward{rows}.onnx")
-    path = folder / f"step{rows}.onnx"
+def full_step(folder, rows: int, shape_read: bool = False):
+    save(mlp(rows, shape_read), folder / f"forward{rows}.onnx")
+    path = folder / f"step{rows}{'_shape' * shape_read}.onnx"
     training_graph.make(folder / f"forward{rows}.onnx", path, loss="none", in_graph=True, backward=roam_backward)
+    if shape_read:  # make folds k into a constant: read it from the weight's Shape again, as ORT's
+        # artifacts do (an embedding's GatherGrad reads its table's Shape)
+        step = onnx.load(path)
+        k = next(t for t in step.graph.initializer if t.name == "k")
+        step.graph.initializer.remove(k)
+        step.graph.node.insert(0, node("ReduceSum", ["dims_f"], ["k"], keepdims=0))
+        step.graph.node.insert(0, node("Cast", ["dims"], ["dims_f"], to=onnx.TensorProto.FLOAT))
+        step.graph.node.insert(0, node("Shape", ["fc1.weight"], ["dims"]))
+        onnx.save(step, path)
     return path
 
 
@@ -262,6 +276,26 @@ def test_n_ranks_update_the_weights_as_the_full_step_on_the_global_batch(steps, 
         np.testing.assert_allclose(joined, reference[f"{name}.out"], rtol=1e-5, atol=1e-6, err_msg=name)
         pad = padding(int(np.prod(shape)), ranks)
         assert not np.any(outs[-1][out][len(outs[-1][out]) - pad:])  # the last rank's padding stays zero
+
+
+def test_a_parameter_s_shape_is_a_constant_not_a_gather(tmp_path):
+    # fc1.weight (3 x 5) is read by its MatMul and a Shape: the rank step reads [3, 5] from a
+    # constant, so only the MatMul's reads need the gathered weight (a re-gather for a Shape alone
+    # would move the whole weight); 2 ranks still update it as the full step on 4 rows
+    m, _ = shard(full_step(tmp_path, ROWS, shape_read=True), 2)
+    assert not [n for n in m.graph.node if n.op_type == "Shape" and "fc1.weight" in n.input[0]]
+    dims = next(t for t in m.graph.initializer if t.name == "dims")
+    assert numpy_helper.to_array(dims).tolist() == [3, 5]
+    reference = full_step(tmp_path, 2 * ROWS, shape_read=True)
+    state = initial_state(np.random.default_rng(3))
+    x = np.random.default_rng(4).standard_normal([2 * ROWS, 3]).astype(np.float32)
+    expected = run(onnx.load(reference), state | {"x": x})
+    feeds = [{name: split(v, 2)[r] for name, v in state.items() if name not in ("learning_rate", "step")}
+             | {"learning_rate": state["learning_rate"], "step": state["step"], "x": x[r * ROWS:(r + 1) * ROWS]}
+             for r in range(2)]
+    outs = simulate(m, 2, feeds)
+    joined = join([o[new_value(m, "fc1.weight")] for o in outs], SHAPES["fc1.weight"])
+    np.testing.assert_allclose(joined, expected["fc1.weight.out"], rtol=1e-5, atol=1e-6)
 
 
 # ---- a mixed-precision step: its 16-bit weight copies gathered -------------------------------------

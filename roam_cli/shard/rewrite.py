@@ -78,29 +78,38 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
     gathered: dict[str, str] = {}  # parameter (or its Casts' outputs) -> the full value the forward and
     # backward read
     reduced: dict[str, str] = {}  # gradient -> its shard, which the update reads
-    dropped: set[int] = set()  # the Casts of full values whose shards are cast instead
+    dropped: set[int] = set()  # the Casts of full values whose shards are cast instead, and the Shape and
+    # Size nodes of parameters (constants now)
     for p in found.parameters:
         dtype, n = graph.values[p.name].dtype, p.numel
         s, pad = shard_size(n, ranks), padding(n, ranks)
         readers = [u for u in graph.consumers.get(p.name, ()) if u not in found.update_nodes]
-        low = low_copy(graph, readers, found.update_nodes)
-        chain = []
-        if low is not None:
-            dtype = low
-            chain.append(node(f"{p.name}/cast", CAST, [p.name], fresh(f"{p.name}.cast"), [s], dtype, to=dtype))
-        chain.append(node(f"{p.name}/all_gather", ALL_GATHER, [chain[-1].output[0] if chain else p.name],
-                          fresh(f"{p.name}.gathered"), [ranks * s], dtype, group_size=ranks, axis=0))
-        if pad:
-            chain.append(node(f"{p.name}/unpad", SLICE, [chain[-1].output[0], const(f"{p.name}.start", [0]),
-                                                         const(f"{p.name}.numel", [n]), const(f"{p.name}.axis", [0])],
-                              fresh(f"{p.name}.unpadded"), [n], dtype))
-        chain.append(node(f"{p.name}/reshape", RESHAPE, [chain[-1].output[0], const(f"{p.name}.shape", list(p.shape))],
-                          fresh(f"{p.name}.full"), list(p.shape), dtype))
-        gathered[p.name] = chain[-1].output[0]
-        if low is not None:  # every Cast's output is the gathered 16-bit value
-            gathered.update({graph.nodes[u].outputs[0]: chain[-1].output[0] for u in readers})
-            dropped.update(readers)
-        before.setdefault(min(readers), []).extend(chain)
+        # a Shape or Size of the parameter is known here: a constant, so nothing is gathered for it (a
+        # GatherGrad's Shape of the embedding would gather the whole table again in the backward)
+        static = [u for u in readers if graph.nodes[u].op_type in ("Shape", "Size") and graph.nodes[u].domain == ""]
+        for u in static:
+            constants.append(numpy_helper.from_array(static_value(g.node[u], list(p.shape)), graph.nodes[u].outputs[0]))
+        dropped.update(static)
+        readers = [u for u in readers if u not in static]
+        if readers:  # (a parameter only Shape reads is never gathered)
+            low = low_copy(graph, readers, found.update_nodes)
+            chain = []
+            if low is not None:
+                dtype = low
+                chain.append(node(f"{p.name}/cast", CAST, [p.name], fresh(f"{p.name}.cast"), [s], dtype, to=dtype))
+            chain.append(node(f"{p.name}/all_gather", ALL_GATHER, [chain[-1].output[0] if chain else p.name],
+                              fresh(f"{p.name}.gathered"), [ranks * s], dtype, group_size=ranks, axis=0))
+            if pad:
+                chain.append(node(f"{p.name}/unpad", SLICE, [chain[-1].output[0], const(f"{p.name}.start", [0]),
+                                                             const(f"{p.name}.numel", [n]), const(f"{p.name}.axis", [0])],
+                                  fresh(f"{p.name}.unpadded"), [n], dtype))
+            chain.append(node(f"{p.name}/reshape", RESHAPE, [chain[-1].output[0], const(f"{p.name}.shape", list(p.shape))],
+                              fresh(f"{p.name}.full"), list(p.shape), dtype))
+            gathered[p.name] = chain[-1].output[0]
+            if low is not None:  # every Cast's output is the gathered 16-bit value
+                gathered.update({graph.nodes[u].outputs[0]: chain[-1].output[0] for u in readers})
+                dropped.update(readers)
+            before.setdefault(min(readers), []).extend(chain)
         for grad in p.gradients:
             gdtype = graph.values[grad].dtype
             chain = [node(f"{grad}/flatten", RESHAPE, [grad, const(f"{grad}.flat_shape", [n])], fresh(f"{grad}.flat"),
@@ -144,6 +153,14 @@ def rewrite(model: onnx.ModelProto, graph: Graph, found: Survey, ranks: int) -> 
         if not any(o.domain == domain for o in out.opset_import):
             out.opset_import.append(helper.make_opsetid(domain, 1))
     return out
+
+
+def static_value(proto: onnx.NodeProto, shape: list[int]) -> np.ndarray:
+    """What a Shape (with its start and end) or Size node gives for a tensor of `shape`."""
+    if proto.op_type == "Size":
+        return np.array(int(np.prod(shape)), np.int64)
+    attrs = {a.name: a.i for a in proto.attribute}
+    return np.array(shape[attrs.get("start", 0):attrs.get("end", len(shape))], np.int64)
 
 
 def low_copy(graph: Graph, readers: list[int], update_nodes: set[int]) -> int | None:
