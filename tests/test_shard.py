@@ -298,6 +298,29 @@ def test_a_parameter_s_shape_is_a_constant_not_a_gather(tmp_path):
     np.testing.assert_allclose(joined, expected["fc1.weight.out"], rtol=1e-5, atol=1e-6)
 
 
+def test_free_recompute_gathers_a_matrix_again_but_not_a_table_for_its_rows(tmp_path):
+    # tokens [2] -> Gather(embed.weight: a table [64, 4]) -> h [2, 4] -> MatMul(fc.weight, w [4, 4]) -> Tanh
+    # -> mean square. The backward reads w (h's gradient is dy . w^T, which the table's needs) and h: `free`
+    # gathers w again (its copy brings w back for w's own reader) but keeps h (32 B) rather than
+    # gathering the 1 KiB table again to look its rows up a second time.
+    rng = np.random.default_rng(0)
+    forward = model([node("Gather", ["embed.weight", "tokens"], ["h"]), node("MatMul", ["h", "fc.weight"], ["z"]),
+                     node("Tanh", ["z"], ["a"]), node("Mul", ["a", "a"], ["sq"]),
+                     node("ReduceMean", ["sq"], ["loss"], keepdims=0)],
+                    [("tokens", [2], onnx.TensorProto.INT64)], [("loss", [])],
+                    initializers={"embed.weight": rng.standard_normal([64, 4]).astype(np.float32),
+                                  "fc.weight": rng.standard_normal([4, 4]).astype(np.float32)})
+    save(forward, tmp_path / "forward.onnx")
+    training_graph.make(tmp_path / "forward.onnx", tmp_path / "step.onnx", loss="none", in_graph=True,
+                        backward=roam_backward)
+    rank, _ = shard(tmp_path / "step.onnx", 2)
+    onnx.save(rank, tmp_path / "rank.onnx")
+    r = roam("optimize", tmp_path / "rank.onnx", "-o", tmp_path / "plan.json", "--recompute", "free")
+    assert r.code == 0, r.err
+    copies = {n["of"] for n in json.loads((tmp_path / "plan.json").read_text())["recompute"]["nodes"]}
+    assert "fc.weight/all_gather" in copies and "embed.weight/all_gather" not in copies
+
+
 # ---- a mixed-precision step: its 16-bit weight copies gathered -------------------------------------
 
 @pytest.fixture(scope="module")

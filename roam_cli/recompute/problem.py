@@ -57,11 +57,36 @@ def build(graph: Graph, mm: MemoryModel, mode: str) -> Problem:
         inputs = ops.replay_inputs(n)
         if inputs is not None and n.outputs[0] in cost:
             replays[n.outputs[0]] = (inputs, flops_mod.elements(graph.values[n.outputs[0]].shape))
+    held = gathered_parameters(graph, mm, forward)
     return Problem(tuple(forward), tuple(graph.nodes[i].inputs for i in forward),
                    tuple(graph.nodes[i].outputs for i in forward),
-                   tuple(ops.copyable(graph.nodes[i], mode) for i in forward),
+                   tuple(ops.copyable(graph.nodes[i], mode) and not shrinks_a_gather(graph, mm, i, held) for i in forward),
                    tuple(flops_mod.node_flops(graph, graph.nodes[i]) for i in forward),
                    cost, base, free, frozenset(needed), replays)
+
+
+def gathered_parameters(graph: Graph, mm: MemoryModel, forward: list[int]) -> dict[str, int]:
+    """A rank step's forward values that hold a gathered parameter -> its gathered bytes: each
+    all-gather's output, and what shape ops make of it at half its bytes or more (unpadded, reshaped,
+    transposed, cast to 16 bits)."""
+    held: dict[str, int] = {}
+    for i in forward:
+        n = graph.nodes[i]
+        if ops.op_class(n) == ops.COLLECTIVE:
+            held[n.outputs[0]] = mm.tensor_bytes[n.outputs[0]]
+        elif (ops.op_class(n) == "shape" or n.op_type == "Cast") and n.inputs and n.inputs[0] in held:
+            if 2 * mm.tensor_bytes[n.outputs[0]] >= held[n.inputs[0]]:
+                held[n.outputs[0]] = held[n.inputs[0]]
+    return held
+
+
+def shrinks_a_gather(graph: Graph, mm: MemoryModel, i: int, held: dict[str, int]) -> bool:
+    """Whether node i reads a gathered parameter to make less than half of its bytes (an embedding
+    lookup reads a whole table to make a batch's rows): a copy of it would gather the parameter
+    again to save less than the gather brings in and moves, so no recompute copies it."""
+    n = graph.nodes[i]
+    return ops.op_class(n) != ops.COLLECTIVE and any(
+        x in held and 2 * sum(mm.tensor_bytes[o] for o in n.outputs) < held[x] for x in n.inputs)
 
 
 def recomputed(problem: Problem, saved: set[str]) -> tuple[list[int], list[str]]:
