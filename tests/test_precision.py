@@ -375,3 +375,18 @@ def test_weight_casts_an_autocast_export_folded_are_recovered_as_float32_masters
         "attn.weight", "attn.bias", "fc.weight"]
     assert {x: t for x, t in types_of(m).items() if x in ("attn.weight", "attn.bias", "fc.weight")} == {
         "attn.weight": F, "attn.bias": F, "fc.weight": F}
+
+
+def test_loss_scaling_of_a_loss_the_autocast_computes_in_16_bits_is_refused_in_one_line(tmp_path):
+    # loss = ReduceMean(x . w): fp16 runs the product in 16 bits, so the mean, and the loss, are
+    # float16; a float32 scale cannot seed its backward (was: internal error, the checker's
+    # "elem type 1 vs 10" on the seed's Expand)
+    forward = model([node("MatMul", ["x", "fc.weight"], ["y"]), node("ReduceMean", ["y"], ["loss"], keepdims=0)],
+                    [("x", [2, 4])], [("loss", [])],
+                    initializers={"fc.weight": np.ones([4, 4], np.float32)})
+    save(forward, tmp_path / "forward.onnx")
+    r = roam("make-training-graph", tmp_path / "forward.onnx", "-o", tmp_path / "step.onnx", "--in-graph-optimizer",
+             "--precision", "fp16", "--loss", "none")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "'loss' is float16[], not a float32 scalar" in r.err and "--grad-scaler enabled=false" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["forward.onnx"]

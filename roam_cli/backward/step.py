@@ -44,8 +44,9 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     if low is not None:
         autocast(out, low, types)
         fold_constants(out, types)  # the casts of constants
-    if loss_scale is not None:
-        out.graph.input.append(helper.make_tensor_value_info(loss_scale, TensorProto.FLOAT, scalar_loss(loss_name, types)))
+    if loss_scale is not None:  # the loss's type after the autocast: a loss computed in 16 bits cannot be scaled
+        out.graph.input.append(helper.make_tensor_value_info(loss_scale, TensorProto.FLOAT,
+                                                             scalar_loss(loss_name, static_types(out))))
     training, grads = gradient_model(out, trainable, loss_name, seed=loss_scale)
     g = training.graph
     read = {x for n in g.node for x in n.input}
