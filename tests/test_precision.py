@@ -388,5 +388,5 @@ def test_loss_scaling_of_a_loss_the_autocast_computes_in_16_bits_is_refused_in_o
     r = roam("make-training-graph", tmp_path / "forward.onnx", "-o", tmp_path / "step.onnx", "--in-graph-optimizer",
              "--precision", "fp16", "--loss", "none")
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
-    assert "'loss' is float16[], not a float32 scalar" in r.err and "--grad-scaler enabled=false" in r.err
+    assert "'loss' is float16[] after the autocast, not a float32 scalar" in r.err and "--grad-scaler enabled=false" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forward.onnx"]

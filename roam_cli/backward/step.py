@@ -44,9 +44,10 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     if low is not None:
         autocast(out, low, types)
         fold_constants(out, types)  # the casts of constants
-    if loss_scale is not None:  # the loss's type after the autocast: a loss computed in 16 bits cannot be scaled
-        out.graph.input.append(helper.make_tensor_value_info(loss_scale, TensorProto.FLOAT,
-                                                             scalar_loss(loss_name, static_types(out))))
+    if loss_scale is not None:  # the loss as the model has it, then after the autocast (16 bits cannot be scaled)
+        shape = scalar_loss(loss_name, types)
+        scalar_loss(loss_name, static_types(out), " after the autocast")
+        out.graph.input.append(helper.make_tensor_value_info(loss_scale, TensorProto.FLOAT, shape))
     training, grads = gradient_model(out, trainable, loss_name, seed=loss_scale)
     g = training.graph
     read = {x for n in g.node for x in n.input}
@@ -73,13 +74,13 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     return training, [p for p in trainable if p not in grads]
 
 
-def scalar_loss(loss: str, types: dict) -> list[int]:
+def scalar_loss(loss: str, types: dict, when: str = "") -> list[int]:
     """The loss's shape; loss scaling multiplies one number, so the loss must be a float32 scalar."""
     dtype, shape = types[loss]
     if dtype != TensorProto.FLOAT or int(np.prod(shape)) != 1:
         raise RoamError(f"fp16 loss scaling needs a loss: the first output {loss!r} is "
-                        f"{TensorProto.DataType.Name(dtype).lower()}{list(shape)}, not a float32 scalar; give --loss "
-                        "to add one, or --grad-scaler enabled=false")
+                        f"{TensorProto.DataType.Name(dtype).lower()}{list(shape)}{when}, not a float32 scalar; give "
+                        "--loss to add one, or --grad-scaler enabled=false")
     return list(shape)
 
 
