@@ -200,3 +200,24 @@ def test_a_hung_rank_is_named_and_every_rank_ended_at_the_timeout(steps, tmp_pat
     assert err.startswith("roam: rank 0 hung in step ") and "timeout (3 s)" in err
     assert 3 <= seconds < 10 and all(gone(pid) for pid in ids)
     assert not (tmp_path / "trained.npz").exists() and not folder.exists()
+
+
+def test_a_rank_starting_is_given_start_s_not_the_step_timeout(tmp_path):
+    """Opening a large rank's session may take longer than a step's timeout: while starting, only a
+    rank silent for START_S is hung (here rank 1, its heartbeat START_S + 1 s old)."""
+    run = ranks.Run(tmp_path, 2, 10, timeout=3)
+    assert run.start_hang(seconds=60) == (True, None)  # nobody reported yet, within START_S
+    starting, blame = run.start_hang(seconds=ranks.START_S + 1)
+    assert starting and blame == f"rank 0 hung while starting (it never reported in {ranks.START_S:g} s)"
+    now = time.time()
+    for r, (phase, age) in enumerate([("planned", 0), ("start", 60)]):
+        (tmp_path / f"rank{r}.status").write_text(json.dumps({"pid": 1, "time": now - age, "phase": phase,
+                                                              "entered": 0, "left": 0}))
+    assert run.start_hang(seconds=200) == (True, None)  # rank 1 silent for 60 s: a long call, not a hang
+    (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now - ranks.START_S - 1, "phase": "start",
+                                                       "entered": 0, "left": 0}))
+    starting, blame = run.start_hang(seconds=200)
+    assert starting and blame.startswith("rank 1 hung while starting (no heartbeat for " + f"{ranks.START_S + 1:.0f}.")
+    (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now, "phase": "planned", "entered": 0,
+                                                       "left": 0}))
+    assert run.start_hang(seconds=200) == (False, None)  # every rank started: the step timeout counts now

@@ -79,8 +79,8 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
               help="MODEL is the step of one of N ranks (roam shard): run it on N processes over MPI "
                    "(pip install mpich mpi4py onnxruntime-extensions), each with its shards and its rows of each batch.")
 @click.option("--timeout", default=300.0, show_default=True, type=float, metavar="SECONDS",
-              help="With --ranks: the longest a step may take on every rank (the first counts from the start); "
-                   "past it the run is a hang, and every rank is stopped.")
+              help="With --ranks: the longest a step may take on every rank (the first counts from when every rank "
+                   "has started); past it the run is a hang, and every rank is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,

@@ -8,8 +8,12 @@ the mean over its rows, so the whole batch's mean loss).
 
 A rank that fails writes why and stops the others (MPI_Abort); a rank that dies is named by mpiexec
 (MPICH's hydra ends the others at once). A run where no step finishes on every rank within
-`timeout` seconds (the first counting from the start) is a hang: the rank to blame is the one whose
-heartbeat stopped, else the one not waiting in a collective while others wait in one. Either way
+`timeout` seconds is a hang (the first step's counting from when every rank has started: opening
+a rank's session takes what its size takes, under whatever else the machine runs); while starting,
+a rank is hung when it has not reported, or its heartbeat stopped, for START_S (one call into a
+library can hold the interpreter that long on a large step). The rank to blame
+is the one whose heartbeat stopped, else the one not waiting in a collective while others wait in
+one. Either way
 every rank and mpiexec are ended, the error is one line naming the rank, and nothing is written:
 the weights reach their paths only after every rank finished (written whole, then renamed)."""
 
@@ -41,6 +45,7 @@ DEFAULT_TIMEOUT = 300.0
 POLL_S = 0.05
 END_S = 5.0  # how long mpiexec gets to end after its ranks were killed
 STALE_S = 5.0  # a heartbeat older than this (rank.HEARTBEAT_S is 0.5 s) is a rank that stopped
+START_S = 120.0  # while starting: the longest a rank may be silent (imports, MPI_Init, a large session's build)
 
 
 def mpiexec() -> str | None:
@@ -141,7 +146,8 @@ class Run:
             self.proc = subprocess.Popen([mpiexec(), "-n", str(self.ranks), sys.executable, "-m", "roam_cli.runtime.rank",
                                           str(self.folder)], stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
                                          start_new_session=True)
-        progress = time.monotonic()
+        began = progress = time.monotonic()
+        starting = True
         while True:
             code = self.proc.poll()
             for row in self.read_steps():
@@ -150,11 +156,17 @@ class Run:
                     on_step(row)
             if code is not None:
                 break
-            if time.monotonic() - progress > self.timeout:
-                blame = self.hung()
+            if starting:
+                starting, blame = self.start_hang(time.monotonic() - began)
+                progress = time.monotonic()
+            elif time.monotonic() - progress > self.timeout:
+                blame = (f"{self.hung()}: no step finished on every rank within the timeout "
+                         f"({self.timeout:g} s)")
+            else:
+                blame = None
+            if blame:
                 self.end()
-                raise CheckFailed(f"{blame}: no step finished on every rank within the timeout ({self.timeout:g} s); "
-                                  "every rank was stopped")
+                raise CheckFailed(f"{blame}; every rank was stopped")
             time.sleep(POLL_S)
         if code == 0 and all((self.folder / f"rank{r}.json").is_file() for r in range(self.ranks)):
             return [json.loads((self.folder / f"rank{r}.json").read_text()) for r in range(self.ranks)]
@@ -198,14 +210,24 @@ class Run:
         which = "" if phase == "planned" else " of the run without the plan"
         return f"in step {min(done + 1, self.steps)} of {self.steps}{which}"
 
-    def hung(self) -> str:
-        """The rank to blame for a hang, in words."""
-        self.read_steps()
-        now = time.time()
+    def start_hang(self, seconds: float) -> tuple[bool, str | None]:
+        """While the ranks start: (whether some rank is still starting, the rank hung while starting)."""
         statuses = [self.status(r) for r in range(self.ranks)]
         silent = [r for r, s in enumerate(statuses) if s is None]
         if silent:
-            return f"rank {silent[0]} hung while starting (it never reported)"
+            late = seconds > START_S
+            return True, f"rank {silent[0]} hung while starting (it never reported in {START_S:g} s)" if late else None
+        now = time.time()
+        stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > START_S]
+        if stale:
+            return True, f"rank {stale[0]} hung while starting (no heartbeat for {now - statuses[stale[0]]['time']:.1f} s)"
+        return any(s["phase"] == "start" for s in statuses), None
+
+    def hung(self) -> str:
+        """The rank to blame for a hang once every rank has started, in words."""
+        self.read_steps()
+        now = time.time()
+        statuses = [self.status(r) for r in range(self.ranks)]
         stale = [r for r, s in enumerate(statuses) if now - s["time"] > min(STALE_S, self.timeout / 2)]
         if stale:
             r = max(stale, key=lambda r: now - statuses[r]["time"])
