@@ -18,7 +18,12 @@ under /usr/bin/time -v (wall and CPU seconds, the command and its workers):
 
     roam shard STEP --ranks N -o RANK.onnx
     roam optimize RANK.onnx -o PLAN --recompute free|off --gap 0.01 --jobs 2 [--device infiniband-ndr-gpu]
+    roam optimize RANK.onnx -o PLAN --recompute budget --budget FSDP2_DEFAULT_PEAK ...   (the same options)
     roam verify RANK.onnx PLAN
+
+`budget` is the plan an engineer moving off FSDP2 would ask for: no more memory than FSDP2's default
+needs, and within it the least recomputation and communication (a parameter gathered again priced at
+its ring time on the profile, recompute/problem.py).
 
 What a rank needs, roam: the plan's persistent bytes (the rank's shards of the parameters and both
 AdamW moments, the replicated inputs, the batch, constants) plus its arena (every transient of the
@@ -85,7 +90,7 @@ from roam_cli.offload import timing
 MIB, GIB = 2**20, 2**30
 PRECISIONS = ("float32", "bf16")
 POLICIES = ("default", "reshard", "keep")
-MODES = ("free", "off")
+MODES = ("free", "off", "budget")  # budget: --recompute budget at FSDP2 default's peak
 WORK = Path("/work/fsdp2_compare")
 
 
@@ -116,11 +121,17 @@ def sharding_record(rank: Path) -> dict:
     return json.loads({p.key: p.value for p in onnx.load(rank, load_external_data=False).metadata_props}[SHARDING_KEY])
 
 
-def roam_side(name: str, precision: str, step: Path, ranks: int, work: Path, gap: str, jobs: int) -> dict:
-    """Shard, plan (free and off) and verify one step, each command timed."""
+def roam_side(name: str, precision: str, step: Path, ranks: int, work: Path, gap: str, jobs: int,
+              budget: int | None, earlier: dict | None = None) -> dict:
+    """Shard, plan (free, off, and budget at `budget` bytes: FSDP2 default's peak) and verify one
+    step, each command timed; what `earlier` has (a former run's) is kept, not made again."""
     rank = work / f"{name}.{precision}.rank.onnx"
     device = device_for(ranks)
-    commands, out = [], {"step": str(step), "rank_step": str(rank), "device": device}
+    if earlier and "failed" not in earlier and Path(earlier["rank_step"]).exists():
+        out = dict(earlier)
+        commands = out.pop("commands")
+    else:
+        commands, out = [], {"step": str(step), "rank_step": str(rank), "device": device}
 
     def timed(*args) -> tuple[int, str, dict]:
         code, message, wall, cpu, rss = scale.timed(*map(str, args))
@@ -128,14 +139,18 @@ def roam_side(name: str, precision: str, step: Path, ranks: int, work: Path, gap
                          "cpu_seconds": round(cpu, 1), "rss_gib": round(rss, 2)})
         return code, message, commands[-1]
 
-    code, message, out["shard"] = timed("shard", step, "--ranks", ranks, "-o", rank)
-    if code != 0:
-        return out | {"failed": message.splitlines()[-1], "commands": commands}
-    out["record"] = {k: v for k, v in sharding_record(rank).items() if k in ("ranks", "batch", "data_inputs")}
+    if "shard" not in out:
+        code, message, out["shard"] = timed("shard", step, "--ranks", ranks, "-o", rank)
+        if code != 0:
+            return out | {"failed": message.splitlines()[-1], "commands": commands}
+        out["record"] = {k: v for k, v in sharding_record(rank).items() if k in ("ranks", "batch", "data_inputs")}
     for mode in MODES:
+        if mode in out or (mode == "budget" and budget is None):
+            continue
         plan = work / f"{name}.{precision}.{mode}.plan.json"
-        code, message, t = timed("optimize", rank, "-o", plan, "--recompute", mode, "--gap", gap, "--jobs", jobs,
-                                 "--device", device)
+        within = ("--budget", budget) if mode == "budget" else ()
+        code, message, t = timed("optimize", rank, "-o", plan, "--recompute", mode, *within, "--gap", gap,
+                                 "--jobs", jobs, "--device", device)
         if code != 0:
             out[mode] = {"failed": message.splitlines()[-1] if message else f"exit {code}", "optimize": t}
             continue
@@ -334,10 +349,11 @@ def table_row(r: dict) -> str:
     return "| " + " | ".join(cells) + " |"
 
 
-HEADER = ("| row | precision | FSDP2 peak MiB (default / reshard / keep) | roam per rank MiB (free / off) "
-          "| roam ÷ FSDP2 default (free / off) | FSDP2 sent GiB (default / reshard / keep) | roam sent GiB (free / off) "
-          "| FSDP2 exposed ms, estimated (default / reshard / keep) | roam exposed ms, plan (free / off) "
-          "| shard s (CPU s) | optimize s (CPU s) (free / off) | verifies |\n"
+HEADER = ("| row | precision | FSDP2 peak MiB (default / reshard / keep) | roam per rank MiB (free / off / budget) "
+          "| roam ÷ FSDP2 default (free / off / budget) | FSDP2 sent GiB (default / reshard / keep) "
+          "| roam sent GiB (free / off / budget) "
+          "| FSDP2 exposed ms, estimated (default / reshard / keep) | roam exposed ms, plan (free / off / budget) "
+          "| shard s (CPU s) | optimize s (CPU s) (free / off / budget) | verifies |\n"
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 
 
@@ -351,7 +367,7 @@ def main(argv=None) -> int:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--work", type=Path, default=WORK)
     ap.add_argument("--roam-from", type=Path, help="take roam's side (plans, timings) from this earlier --json "
-                    "where it has the row, and compute FSDP2's side again (its JSON grew)")
+                    "where it has the row, plan only the modes it lacks, and compute FSDP2's side again")
     ap.add_argument("--json", dest="json_out", type=Path)
     args = ap.parse_args(argv)
     fsdp = {r["row"]: r for r in json.loads(args.fsdp2.read_text())["rows"]}
@@ -369,12 +385,12 @@ def main(argv=None) -> int:
         for precision in args.precisions.split(","):
             step = STEPS[name][precision]
             r = {"row": name, "precision": precision, "ranks": row["ranks"], "fsdp2": runs[precision]}
-            if (name, precision) in earlier:
-                r["roam"] = earlier[name, precision]
-            elif not step.exists():
+            budget = runs[precision]["default"]["peak"]["Total"] if "default" in runs[precision] else None
+            if not step.exists() and (name, precision) not in earlier:
                 r["roam"] = {"failed": f"{step} is missing (benchmarks/scale.py --build, amp_memory.py --build)"}
             else:
-                r["roam"] = roam_side(name, precision, step, row["ranks"], args.work, args.gap, args.jobs)
+                r["roam"] = roam_side(name, precision, step, row["ranks"], args.work, args.gap, args.jobs, budget,
+                                      earlier.get((name, precision)))
             if "failed" not in r["roam"] and runs[precision]:
                 r["checks"] = checks(row, r["roam"], next(iter(runs[precision].values())))
                 off = args.work / f"{name}.{precision}.off.plan.json" if "verified" in r["roam"]["off"] else None

@@ -168,7 +168,8 @@ def plan_graph(model_path: Path, plan_path: Path, options: Options, say) -> Resu
 def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path, plan_path: Path,
                     options: Options, seconds: dict, say) -> Result:
     """Plan the model as it is and with recomputation (`free`: the min-cut's choice; `budget`:
-    the fewest FLOPs whose plan fits options.budget); the plan's `recompute` records the copies,
+    the cheapest whose plan fits options.budget: fewest FLOPs, on a rank step least
+    communication too); the plan's `recompute` records the copies,
     stats.recompute both plans' figures. The time limit is shared by every plan made."""
     start = time.perf_counter()
     deadline = start + (options.time_limit if options.time_limit is not None else order.DEFAULT_SECONDS * 4)
@@ -188,7 +189,7 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
         with beside(lambda: graph_figures(plan_model(imported, mm, model_path, plan_path, kept_options,
                                                      dict(seconds), lambda _m: None).plan),
                     options.jobs > 1) as before:
-            choice = recompute.free(imported.graph, mm)
+            choice = recompute.free(imported.graph, mm, options.device)
             result = plan_choice(imported, mm, choice, model_path, plan_path, share(1), seconds, say)
             before_figures = before()
     else:
@@ -236,12 +237,12 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     bytes any recompute can keep; then `free`'s choice is planned too. CheckFailed (exit 1) when
     no plan made fits, with the size the smallest needs."""
     budget = options.budget
-    as_it_is = recompute.keep_all(imported.graph, mm)
+    as_it_is = recompute.keep_all(imported.graph, mm, options.device)
     if plan_io.needed_bytes(kept.plan) <= budget:
         say("the plan fits the budget without recomputing")
         kept.plan["recompute"] = recompute.apply(imported, mm, as_it_is, options.recompute)[1] | {"budget_bytes": budget}
         return kept
-    fewest = recompute.fewest_bytes(imported.graph, mm)
+    fewest = recompute.fewest_bytes(imported.graph, mm, options.device)
     limit = budget - (plan_io.needed_bytes(kept.plan) - as_it_is.kept_bytes)
     tried = []
     for _ in range(BUDGET_ROUNDS):
@@ -259,9 +260,9 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         # keeping the fewest bytes is not always the smallest plan (a recomputed product's
         # backward can outgrow it); the cheap ops' choice is one more candidate
         say("planning the min-cut of the cheap ops")
-        tried.append(plan_choice(imported, mm, recompute.free(imported.graph, mm), model_path, plan_path,
+        tried.append(plan_choice(imported, mm, recompute.free(imported.graph, mm, options.device), model_path, plan_path,
                                  share(1), seconds, say))
-    result = min(tried, key=lambda r: (plan_io.needed_bytes(r.plan) > budget, r.plan["recompute"]["extra_flops"]
+    result = min(tried, key=lambda r: (plan_io.needed_bytes(r.plan) > budget, r.plan["recompute"]["price"]
                                        if plan_io.needed_bytes(r.plan) <= budget else plan_io.needed_bytes(r.plan)))
     result.plan["recompute"]["budget_bytes"] = budget
     if plan_io.needed_bytes(result.plan) <= budget:

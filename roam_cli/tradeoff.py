@@ -3,7 +3,7 @@
 The points run from the plan that keeps everything (no extra FLOPs) through `--recompute free`
 to the most recomputation roam can plan (the fewest bytes any recompute keeps across the
 forward/backward boundary). Between them, the budget program (`recompute.within`) chooses the
-fewest FLOPs that keep at most L bytes across the boundary, for limits L bisecting the widest gap
+cheapest recomputation that keeps at most L bytes across the boundary, for limits L bisecting the widest gap
 left between the choices found, until the front has the points asked for or no gap is left to
 split. Each distinct choice is ordered and laid out (`pipeline.plan_choice`) and checked by the
 independent verifier on the source model rewritten again from the plan's record, as `roam
@@ -11,7 +11,14 @@ verify STEP.onnx plan.json` does. A plan's memory is what `--budget` counts: per
 
 Ordering does not follow the boundary's bytes exactly, so a plan can need more memory than
 another that recomputes less: such a point is dominated, and is dropped from the front and
-reported. What is left is monotone: less memory, more extra FLOPs."""
+reported. What is left is monotone: less memory, more extra FLOPs.
+
+On a rank step (roam shard) the cost of a point is its price: the FLOPs it recomputes and, for
+each parameter gathered again in the backward, the ring's time on the device profile's
+interconnect as FLOPs of the device (recompute/problem.py). The front then runs from every
+gathered parameter kept (FSDP2 with reshard_after_forward=False) to every one gathered again
+(FSDP2's reshard) and past it; each point says what its rank sends per step and the
+communication the compute waits for."""
 
 import time
 from dataclasses import dataclass, replace
@@ -20,6 +27,7 @@ from pathlib import Path
 from roam_cli import order, pipeline, recompute
 from roam_cli.core import memory
 from roam_cli.core import plan as plan_io
+from roam_cli.core.collectives import sharding
 from roam_cli.core.errors import RoamError
 from roam_cli.core.forking import parallel_map
 from roam_cli.core.units import format_bytes
@@ -53,12 +61,22 @@ class Point:
     def extra_flops(self) -> int:
         return self.plan["recompute"]["extra_flops"]
 
+    @property
+    def price(self) -> int:
+        """What the budget program weighs: extra_flops, and on a rank step each gather again's
+        communication (recompute/problem.py)"""
+        return self.plan["recompute"]["price"]
+
     def record(self) -> dict:
         r = self.plan["recompute"]
         step = r["step_flops"]
+        communication = self.plan.get("sharding", {}).get("communication")
         return {"label": self.label, "boundary_limit_bytes": self.limit, "persistent_bytes": self.plan["persistent_bytes"],
                 "arena_bytes": self.plan["arena_bytes"], "total_bytes": self.total, "extra_flops": self.extra_flops,
-                "extra_flops_pct": 100 * self.extra_flops / step if step else 0.0, "step_flops": step,
+                "extra_flops_pct": 100 * self.extra_flops / step if step else 0.0, "price": self.price,
+                "price_pct": 100 * self.price / step if step else 0.0, "step_flops": step,
+                **({"sent_bytes": communication["sent_bytes"], "exposed_seconds": communication["exposed_seconds"]}
+                   if communication else {}),
                 "kept_bytes": r["kept_bytes"]["after"], "nodes_added": len(r["nodes"]), "verified": self.verified,
                 **({"violation": self.violation} if self.violation else {}),
                 **({"dominated_by": self.dominated_by} if self.dominated_by else {})}
@@ -66,11 +84,12 @@ class Point:
 
 def front_of(points: list[Point]) -> tuple[list[Point], list[Point]]:
     """(the front, the dominated points): a point is dominated by one that needs no more memory
-    and no more extra FLOPs and is not the same on both. The front is sorted by memory, most
-    first; along it extra FLOPs strictly rise as memory strictly falls."""
-    ranked = sorted(points, key=lambda p: (p.extra_flops, p.total))
+    and costs no more (its price: extra FLOPs, a gather again's communication) and is not the
+    same on both. The front is sorted by memory, most first; along it the price strictly rises as
+    memory strictly falls."""
+    ranked = sorted(points, key=lambda p: (p.price, p.total))
     front, dominated = [], []
-    for p in ranked:  # fewest FLOPs first: p is on the front when it needs less than all before it
+    for p in ranked:  # cheapest first: p is on the front when it needs less than all before it
         if front and front[-1].total <= p.total:
             p.dominated_by = front[-1].label
             dominated.append(p)
@@ -90,13 +109,16 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
     imported = import_model(model_path, options.dims, options.shapes_from_run)
     mm = memory.build(imported.graph, options.alignment, options.inplace, options.loss)
     graph = imported.graph
-    keep_all = recompute.keep_all(graph, mm)
+    if options.device is not None and sharding(graph.metadata) is None:
+        raise RoamError("--device weighs --offload's plans or a rank step's communication: give --offload "
+                        "host|storage, or a rank step (roam shard)")
+    keep_all = recompute.keep_all(graph, mm, options.device)
     if not keep_all.problem.needed:
         raise RoamError(f"{model_path}: no forward value is read after the forward: not a training step, "
                         "nothing to recompute")
     seconds = options.time_limit if options.time_limit is not None else order.DEFAULT_SECONDS * points
     deadline = start + seconds
-    fewest = recompute.fewest_bytes(graph, mm)
+    fewest = recompute.fewest_bytes(graph, mm, options.device)
     made: dict[tuple, Point] = {}  # choice -> its point
 
     def add(batch: list[tuple[str, recompute.Choice, str, int | None]]) -> None:
@@ -138,7 +160,7 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
             return False, str(v)
         return True, None
 
-    add([("keep all", keep_all, "budget", None), ("free", recompute.free(graph, mm), "free", None),
+    add([("keep all", keep_all, "budget", None), ("free", recompute.free(graph, mm, options.device), "free", None),
          ("fewest bytes", fewest, "budget", None)])
     # bisect the boundary bytes next to the front's points, widest gap first: the limits tried
     # and the bytes each choice keeps mark where the program has been. With --jobs N, a round
@@ -163,7 +185,7 @@ def sweep(model_path: Path, options: pipeline.Options, points: int, plans_dir: P
             limit = (lo + hi) // 2
             marks.add(limit)
             probes += 1
-            say(f"choosing the fewest FLOPs that keep at most {limit} bytes")
+            say(f"choosing the cheapest recomputation that keeps at most {limit} bytes")
             ilp_deadline = time.perf_counter() + pipeline.BUDGET_ILP_SHARE * max(deadline - time.perf_counter(), 1.0)
             choice = recompute.within(fewest, limit, ilp_deadline, options.solver)
             if choice is not None:

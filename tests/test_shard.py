@@ -9,6 +9,7 @@ weights as the full step does on the whole batch. The sample's step plans and ve
 and 4, its parameters and moments 1/N of their bytes."""
 
 import json
+import time
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ from onnx import helper, numpy_helper
 from onnx_builder import model, node, save
 from test_functional_step import functional
 
+from roam_cli import recompute
 from roam_cli.backward.step import build as roam_backward
 from roam_cli.core import memory
 from roam_cli.core.collectives import ALL_GATHER, REDUCE_SCATTER, SHARDING_KEY
@@ -319,6 +321,53 @@ def test_free_recompute_gathers_a_matrix_again_but_not_a_table_for_its_rows(tmp_
     assert r.code == 0, r.err
     copies = {n["of"] for n in json.loads((tmp_path / "plan.json").read_text())["recompute"]["nodes"]}
     assert "fc.weight/all_gather" in copies and "embed.weight/all_gather" not in copies
+
+
+def test_a_budget_pays_for_a_gather_again_in_communication_time_not_zero(tmp_path):
+    # x [4, 8] (a rank's rows) -> Tanh -> a0 -> @ fc1.weight [8, 8] -> h -> Tanh (in place) -> @ fc2.weight [8, 8]
+    # -> z -> mean square, at N = 2 on nvlink4-gpu. The backward reads a0 and z (128 B each), h and the gathered
+    # fc2.weight (256 B each). A gather again costs its ring time at the H100's 494.5 TFLOP/s: 494.5e12 x
+    # (1/2 x 256 B / 450 GB/s + 1 hop x 3.4 us) = 140,658 + 1,681,300,000 FLOPs, far above recomputing an
+    # activation: one byte under keeping everything (640 B), Tanh(x) is recomputed (32 FLOPs; with the
+    # in-place Tanh's own 32: 64); under 512 B, z = a1 @ fc2.weight too (2 x 4 x 8 x 8 = 512 FLOPs);
+    # only under 384 B is fc2.weight gathered again. Priced at 0 FLOPs, as a gather counts, it went first.
+    rng = np.random.default_rng(0)
+    forward = model([node("Tanh", ["x"], ["a0"]), node("MatMul", ["a0", "fc1.weight"], ["h"]),
+                     node("Tanh", ["h"], ["a1"]), node("MatMul", ["a1", "fc2.weight"], ["z"]),
+                     node("Mul", ["z", "z"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)],
+                    [("x", [4, 8])], [("loss", [])],
+                    initializers={n: rng.standard_normal([8, 8]).astype(np.float32) for n in ("fc1.weight", "fc2.weight")})
+    save(forward, tmp_path / "forward.onnx")
+    training_graph.make(tmp_path / "forward.onnx", tmp_path / "step.onnx", loss="none", in_graph=True,
+                        backward=roam_backward)
+    save(shard(tmp_path / "step.onnx", 2)[0], tmp_path / "rank.onnx")
+    graph = import_model(tmp_path / "rank.onnx").graph
+    mm = memory.build(graph, 1)
+    price = recompute.gather_price(graph, "nvlink4-gpu")
+    assert price.per_byte == pytest.approx(494.5e12 / 2 / 450e9) and price.each == 1_681_300_000
+    assert recompute.keep_all(graph, mm, "nvlink4-gpu").kept_bytes == 640
+    fewest = recompute.fewest_bytes(graph, mm, "nvlink4-gpu")
+    names = {k: graph.nodes[i].name for k, i in enumerate(fewest.problem.nodes)}
+    for limit, kept, flops, regathered in ((639, 512, 64, False), (511, 384, 576, False), (383, 256, 64, True)):
+        choice = recompute.within(fewest, limit, time.perf_counter() + 60, "cbc")
+        copied = {names[k] for k in choice.copied}
+        assert (choice.kept_bytes, choice.flops, "fc2.weight/all_gather" in copied) == (kept, flops, regathered)
+        assert choice.price == flops + regathered * (round(494.5e12 / 2 / 450e9 * 256) + 1_681_300_000)
+
+
+def test_a_rank_step_s_front_says_what_each_point_sends(steps, tmp_path):
+    """The MLP at N = 2: every parameter gathered once and its gradient reduce-scattered, (16 + 10 + 2)
+    floats each way, half of them sent by each rank: 112 B at the point that keeps everything.
+    --device names the interconnect; on a step that is not a rank step it has nothing to weigh."""
+    save(shard(steps["roam"], 2)[0], tmp_path / "rank.onnx")
+    done = roam("tradeoff", tmp_path / "rank.onnx", "-o", tmp_path / "front.json", "--points", "3", "--device",
+                "infiniband-ndr-gpu", "--json")
+    assert done.code == 0, done.err
+    keep = json.loads((tmp_path / "front.json").read_text())["points"][0]
+    assert (keep["label"], keep["sent_bytes"], keep["price"]) == ("keep all", 112, 0)
+    refused = roam("tradeoff", steps["roam"], "-o", tmp_path / "plain.json", "--device", "nvlink4-gpu")
+    assert refused.code == 2 and "a rank step's communication" in refused.err
+    assert not (tmp_path / "plain.json").exists()
 
 
 # ---- a mixed-precision step: its 16-bit weight copies gathered -------------------------------------

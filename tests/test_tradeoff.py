@@ -45,15 +45,15 @@ def check_monotone(points: list[dict]) -> None:
 
 # --- the front: dominated points dropped ---------------------------------------------------------
 
-def test_front_keeps_what_no_other_point_beats_on_both_memory_and_flops():
-    def point(label, total, flops):
-        return Point(label, None, {"persistent_bytes": 0, "arena_bytes": total, "recompute": {"extra_flops": flops}},
-                     True)
+def test_front_keeps_what_no_other_point_beats_on_both_memory_and_price():
+    def point(label, total, price):
+        return Point(label, None, {"persistent_bytes": 0, "arena_bytes": total,
+                                   "recompute": {"extra_flops": price, "price": price}}, True)
 
     points = [point("A", 100, 0), point("B", 90, 5), point("C", 95, 10), point("D", 80, 20), point("E", 80, 30),
               point("F", 90, 5), point("G", 85, 20)]
     front, dominated = front_of(points)
-    # C: B needs less at fewer FLOPs; E: D the same memory at fewer; F: B's twin; G: D less at as many
+    # C: B needs less at a lower price; E: D the same memory at less; F: B's twin; G: D less at as much
     assert [p.label for p in front] == ["A", "B", "D"]
     assert sorted((p.label, p.dominated_by) for p in dominated) == [("C", "B"), ("E", "D"), ("F", "B"), ("G", "D")]
 

@@ -47,7 +47,8 @@ from roam_cli.solvers import milp
 @click.option("--budget", type=ByteSize(), default=None, help=BUDGET_HELP)
 @click.option("--recompute", "recompute_mode", type=click.Choice(recompute.MODES), default="off", show_default=True,
               help="Recompute values in the backward instead of keeping them: free (cheap ops only, min-cut) "
-                   "or budget (the fewest FLOPs that fit --budget).")
+                   "or budget (the fewest FLOPs that fit --budget; on a rank step, each parameter gathered "
+                   "again priced at its communication time too).")
 @click.option("--offload", type=click.Choice(SLOW_TIERS), default=None,
               help="Plan with a slower memory tier: host memory or storage paged to. Values, optimizer state and "
                    "the update may leave the device; --budget then counts the device's bytes, and the plan is the "
@@ -281,7 +282,8 @@ def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: di
               help="Draw the front into this folder (front.png, front.svg; pip install '.[plot]').")
 @click.option("--mark", "marks", multiple=True, metavar="NAME=BYTES[@FLOPS]",
               help="A reference point for the picture, e.g. 'PyTorch eager=3.5GiB' or 'checkpointing=2.3GiB@23.3%' "
-                   "(extra FLOPs as a count or a share of the step; repeatable).")
+                   "(extra FLOPs as a count or a share of the step; on a rank step the extra price, gathers again "
+                   "included; repeatable).")
 @click.option("--dim", "dims", multiple=True, metavar="NAME=N", help="Bind a symbolic dimension (repeatable).")
 @click.option("--layout", "layout_strategy", default=layout.STRATEGIES[0], show_default=True,
               type=click.Choice(layout.STRATEGIES), help="Layout strategy of every point's plan (optimize's default).")
@@ -294,7 +296,8 @@ def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: di
               help="The device-memory / estimated-time front with a slower tier instead, the fixed policies "
                    "(save_on_cpu, ZeRO-Offload, recompute only...) beside it.")
 @click.option("--device", "device_profile", default=None, metavar="PROFILE",
-              help=f"Device profile of --offload's estimates [default: {cost_profile.DEFAULT}].")
+              help=f"Device profile of --offload's estimates [default: {cost_profile.DEFAULT}], or of a rank "
+                   f"step's communication [default: {cost_profile.DEFAULT_SHARDED}].")
 @click.option("--json", "as_json", is_flag=True, help="Print front.json's points as JSON.")
 @click.pass_obj
 def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, layout_strategy, time_limit, solver,
@@ -330,7 +333,7 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, l
             out.print(f"wrote {front_path}", highlight=False)
         return
     if device_profile is not None:
-        raise RoamError("--device weighs --offload's plans: give --offload host|storage too")
+        cost_profile.load(device_profile)
     references = []
     for m in marks:
         name, sep, value = m.partition("=")
@@ -347,7 +350,7 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, l
         check_output_folder(plans_dir, [plans_dir / plan_name(k) for k in range(points)], [model, front_path])
     # each point planned as optimize plans it: its default layout too (the first-fit of Options, before)
     options = pipeline.Options(dims=parse_pairs(dims, "--dim", True), layout=layout_strategy, time_limit=time_limit,
-                               jobs=jobs, solver=solver)
+                               jobs=jobs, solver=solver, device=device_profile)
     with Progress(obj["quiet"]) as progress:
         front = tradeoff_mod.sweep(model, options, points, plans_dir or front_path.parent, progress)
     plans = front.pop("plans")
@@ -412,12 +415,18 @@ def render_front(front: dict) -> None:
     from rich.table import Table
 
     table = Table(title=f"memory / extra FLOPs front of {front['model']}", title_justify="left")
-    for column in ("point", "persistent + arena", "arena", "extra FLOPs", "% of the step", "nodes added", "verified"):
+    ranked = any("sent_bytes" in p for p in front["points"])  # a rank step: its communication beside
+    columns = ("point", "persistent + arena", "arena", "extra FLOPs", "% of the step",
+               *(("price, % of the step", "sent per step", "exposed") if ranked else ()), "nodes added", "verified")
+    for column in columns:
         table.add_column(column, justify="left" if column == "point" else "right")
     for p in front["points"]:
+        communication = ((f"{p['price_pct']:.3f}", format_bytes(p["sent_bytes"]),
+                          report_mod.format_seconds(p["exposed_seconds"])) if ranked else ())
         table.add_row(p["label"], format_bytes(p["total_bytes"]), format_bytes(p["arena_bytes"]), f"{p['extra_flops']:,}",
-                      f"{p['extra_flops_pct']:.3f}", str(p["nodes_added"]), "yes" if p["verified"] else "NO")
+                      f"{p['extra_flops_pct']:.3f}", *communication, str(p["nodes_added"]),
+                      "yes" if p["verified"] else "NO")
     out.print(table)
     if front["dominated"]:
         out.print(f"{len(front['dominated'])} dominated plans dropped (in front.json's `dominated`): another plan "
-                  "needs no more memory and no more FLOPs", highlight=False)
+                  "needs no more memory at no higher price", highlight=False)

@@ -156,7 +156,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, order
     graph = imported.graph
     most = max(budgets, default=None)
     if budgets:
-        free = recompute.free(graph, mm)
+        free = recompute.free(graph, mm, options.device)
         cheap, cheap_record = recompute.apply(imported, mm, free, "free")
         cheap_mm = memory.build(cheap.graph, options.alignment, options.inplace, options.loss)
         if options.jobs > 1:  # every fixed policy's and base's bounds at once, half in a process beside
@@ -200,7 +200,7 @@ def weigh(imported: Imported, mm: memory.MemoryModel, options, plan_model, order
                                     f"not planned: {kept} persistent bytes on the device, more than the budget",
                                     least_bytes=kept))
     else:
-        fewest = recompute.fewest_bytes(graph, mm)
+        fewest = recompute.fewest_bytes(graph, mm, options.device)
         recomputed, recompute_record = recompute.apply(imported, mm, fewest, "budget")
         recomputed_mm = memory.build(recomputed.graph, options.alignment, options.inplace, options.loss)
         candidates.append(planned("recompute_only", "fewest", recomputed, recomputed_mm, Placement(slow),

@@ -9,13 +9,15 @@ other graph."""
 from collections import Counter
 from dataclasses import dataclass
 
+from roam_cli.core.collectives import sharding
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph
+from roam_cli.cost import profile as profile_mod
 from roam_cli.core.memory import MemoryModel
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.recompute import ilp, mincut, ops, problem as problem_mod, rewrite as rewrite_mod
 from roam_cli.recompute.flops import graph_flops
-from roam_cli.recompute.problem import Problem
+from roam_cli.recompute.problem import GatherPrice, Problem
 
 MODES = ("off", "free", "budget")
 
@@ -41,32 +43,50 @@ class Choice:
         return (sum(self.problem.flops[k] for k in self.copied)
                 + sum(self.problem.replays[v][1] for v in self.replayed))
 
+    @property
+    def price(self) -> int:
+        """What the solvers weigh: the FLOPs, a parameter gathered again at its communication's."""
+        return (sum(self.problem.price[k] for k in self.copied)
+                + sum(self.problem.replays[v][1] for v in self.replayed))
+
 
 def chosen(problem: Problem, saved: set[str]) -> Choice:
     copied, replayed = problem_mod.recomputed(problem, saved)
     return Choice(problem, frozenset(saved), tuple(copied), tuple(replayed))
 
 
-def keep_all(graph: Graph, mm: MemoryModel) -> Choice:
+def gather_price(graph: Graph, device: str | None) -> GatherPrice | None:
+    """What gathering one of a rank step's parameters again costs, on profile `device`'s
+    interconnect (None: the default for rank steps), in the FLOPs its device runs meanwhile at
+    the product rate; None for a step without collectives."""
+    meta = sharding(graph.metadata)
+    if meta is None:
+        return None
+    profile = profile_mod.for_step(device, sharded=True)
+    ranks, link, rate = meta["ranks"], profile.interconnect, profile.device_flops["matmul"]
+    return GatherPrice(rate * (ranks - 1) / ranks / link.bandwidth, round(rate * (ranks - 1) * link.latency))
+
+
+def keep_all(graph: Graph, mm: MemoryModel, device: str | None = None) -> Choice:
     """Every needed value kept: the graph as it is."""
-    problem = problem_mod.build(graph, mm, "free")
+    problem = problem_mod.build(graph, mm, "free", gather_price(graph, device))
     return chosen(problem, set(problem.needed))
 
 
-def free(graph: Graph, mm: MemoryModel) -> Choice:
-    problem = problem_mod.build(graph, mm, "free")
+def free(graph: Graph, mm: MemoryModel, device: str | None = None) -> Choice:
+    problem = problem_mod.build(graph, mm, "free", gather_price(graph, device))
     return chosen(problem, mincut.solve(problem))
 
 
-def fewest_bytes(graph: Graph, mm: MemoryModel) -> Choice:
+def fewest_bytes(graph: Graph, mm: MemoryModel, device: str | None = None) -> Choice:
     """The least any budget can keep: every op but random and in-place ones may be copied."""
-    problem = problem_mod.build(graph, mm, "budget")
+    problem = problem_mod.build(graph, mm, "budget", gather_price(graph, device))
     return chosen(problem, mincut.solve(problem))
 
 
 def within(fewest: Choice, limit: int, deadline: float, solver: str) -> Choice | None:
-    """The fewest FLOPs that keep at most `limit` bytes (limit >= fewest.kept_bytes, whose choice
-    starts the solver); None when the solver found nothing in time."""
+    """The cheapest choice (Choice.price) that keeps at most `limit` bytes (limit >=
+    fewest.kept_bytes, whose choice starts the solver); None when the solver found nothing in time."""
     saved = ilp.solve(fewest.problem, limit, deadline, solver, set(fewest.saved))
     return None if saved is None else chosen(fewest.problem, saved)
 
@@ -104,7 +124,7 @@ def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tup
         producer = graph.nodes[graph.producer[r]]
         kind = ops.REPLAY_CLASS if r in choice.replayed else ops.op_class(producer) or producer.op_type
         bytes_by_class[kind] += p.cost[r]
-    record = {"mode": mode, "nodes": nodes, "tensors": tensors, "extra_flops": choice.flops,
+    record = {"mode": mode, "nodes": nodes, "tensors": tensors, "extra_flops": choice.flops, "price": choice.price,
               "step_flops": graph_flops(graph),
               "kept_bytes": {"before": before.kept_bytes, "after": choice.kept_bytes},
               "by_class": {c: {"flops": flops_by_class.get(c, 0), "bytes_not_kept": bytes_by_class.get(c, 0)}

@@ -1,11 +1,11 @@
-"""`--recompute budget`: the fewest FLOPs recomputed such that at most `limit` bytes are kept
+"""`--recompute budget`: the cheapest recomputation (problem.price) such that at most `limit` bytes are kept
 live across the forward/backward boundary (a Checkmate-style 0/1 program, solved by CBC or HiGHS).
 
 Variables: save[v] per forward value that can be kept (views cannot: their base is), copy[k]
 per node that may be copied, replay[v] per Dropout output that can be replayed. A needed value
 is saved, or its node copied (a Dropout's output: replayed); a copy's or replay's inputs are
-saved, copied, replayed or persistent; the saved bytes fit `limit`; minimise the FLOPs of the
-copies and replays."""
+saved, copied, replayed or persistent; the saved bytes fit `limit`; minimise the price of the
+copies and replays (FLOPs; a parameter gathered again, its communication: problem.py)."""
 
 import pulp
 
@@ -28,7 +28,7 @@ def solve(problem: Problem, limit: int, deadline: float, solver: str, start: set
         made = replay.get(v) if v in problem.replays else copy.get(producer[v])
         return pulp.lpSum(x for x in (save.get(v), made) if x is not None)
 
-    lp += (pulp.lpSum(problem.flops[k] * x for k, x in copy.items())
+    lp += (pulp.lpSum(problem.price[k] * x for k, x in copy.items())
            + pulp.lpSum(problem.replays[v][1] * x for v, x in replay.items()))
     for v in sorted(problem.needed):
         lp += available(v) >= 1

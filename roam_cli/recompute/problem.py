@@ -8,7 +8,13 @@ anyway). A Dropout's output has one more way back: its replay (rewrite.py: ONNX 
 or in a standard graph its standard form)
 applied to the Dropout's input with the saved mask (the very kernel the backward uses, which
 computes input x mask x scale as the forward did); the random op itself is never copied.
-Solvers choose the saved set; `recomputed()` derives the copies and replays it implies."""
+Solvers choose the saved set; `recomputed()` derives the copies and replays it implies.
+
+What a copy costs the solvers (`price`) is its FLOPs, but for a rank step's all-gather, which
+counts none: gathering a parameter again takes its ring's time on the interconnect, priced as the
+FLOPs the device could run meanwhile (`GatherPrice`). So a budget with memory to spare keeps a
+gathered parameter rather than pay for it twice, and gives up first the ones that free the most
+bytes per second of communication."""
 
 from dataclasses import dataclass
 
@@ -18,12 +24,25 @@ from roam_cli.recompute import flops as flops_mod, ops
 
 
 @dataclass(frozen=True)
+class GatherPrice:
+    """A parameter gathered again, in FLOPs: per_byte x its gathered bytes + each (a ring's
+    (N - 1)/N of the bytes over the link's bandwidth plus N - 1 hops of latency, at the device's
+    product rate)."""
+    per_byte: float
+    each: int
+
+    def of(self, nbytes: int) -> int:
+        return round(self.per_byte * nbytes) + self.each
+
+
+@dataclass(frozen=True)
 class Problem:
     nodes: tuple[int, ...]  # the forward nodes' graph indices, in graph order
     inputs: tuple[tuple[str, ...], ...]  # per forward node
     outputs: tuple[tuple[str, ...], ...]
     copyable: tuple[bool, ...]  # may be recomputed in this mode
-    flops: tuple[int, ...]  # cost of recomputing it once
+    flops: tuple[int, ...]  # the FLOPs of recomputing it once
+    price: tuple[int, ...]  # what recomputing it once costs the solvers: its FLOPs, a gather's communication
     cost: dict[str, int | None]  # forward value -> bytes kept live if saved (0: live anyway; None: a view, never saved itself)
     base: dict[str, str]  # forward value -> the value owning its storage (itself, or a view's base)
     free: frozenset[str]  # available after the forward at no cost (persistent storage)
@@ -35,7 +54,8 @@ class Problem:
         return {v: k for k, outs in enumerate(self.outputs) for v in outs}
 
 
-def build(graph: Graph, mm: MemoryModel, mode: str) -> Problem:
+def build(graph: Graph, mm: MemoryModel, mode: str, gather: GatherPrice | None = None) -> Problem:
+    """The problem of `graph`; `gather` prices its all-gathers (None: a step without them)."""
     forward = [i for i, c in enumerate(mm.node_class) if c == "forward"]
     in_forward = set(forward)
     free = frozenset(name for name in graph.values if mm.storage_of[name] in mm.persistent)
@@ -58,11 +78,13 @@ def build(graph: Graph, mm: MemoryModel, mode: str) -> Problem:
         if inputs is not None and n.outputs[0] in cost:
             replays[n.outputs[0]] = (inputs, flops_mod.elements(graph.values[n.outputs[0]].shape))
     held = gathered_parameters(graph, mm, forward)
+    flops = tuple(flops_mod.node_flops(graph, graph.nodes[i]) for i in forward)
+    price = tuple(gather.of(mm.tensor_bytes[graph.nodes[i].outputs[0]])
+                  if gather and ops.op_class(graph.nodes[i]) == ops.COLLECTIVE else f for i, f in zip(forward, flops))
     return Problem(tuple(forward), tuple(graph.nodes[i].inputs for i in forward),
                    tuple(graph.nodes[i].outputs for i in forward),
                    tuple(ops.copyable(graph.nodes[i], mode) and not shrinks_a_gather(graph, mm, i, held) for i in forward),
-                   tuple(flops_mod.node_flops(graph, graph.nodes[i]) for i in forward),
-                   cost, base, free, frozenset(needed), replays)
+                   flops, price, cost, base, free, frozenset(needed), replays)
 
 
 def gathered_parameters(graph: Graph, mm: MemoryModel, forward: list[int]) -> dict[str, int]:
