@@ -3,6 +3,7 @@ peak; the share of a round trip the compute hides), and the planner on the sampl
 fits, and no fitting candidate weighed is estimated faster."""
 
 import json
+from dataclasses import replace
 import subprocess
 import sys
 from pathlib import Path
@@ -11,8 +12,9 @@ import pytest
 from onnx import TensorProto
 
 from roam_cli.core import memory
+from roam_cli.core.collectives import SHARDING_KEY
 from roam_cli.core.graph import Graph, Node, Value
-from roam_cli.cost.profile import Profile
+from roam_cli.cost.profile import Interconnect, Profile
 from roam_cli.offload import prefetch, timing
 
 # Every compute node takes exactly 1 s (its overhead; its FLOPs and bytes are next to nothing at
@@ -63,6 +65,75 @@ def test_a_fetch_stops_where_it_would_raise_the_peak():
     g = fetching_graph(2048, 1024)
     mm = memory.build(g)
     assert prefetch.hoist(g, mm, [P, M1, M2, T, USE], SECOND_PER_NODE) == [P, M1, T, M2, USE]
+
+
+# The same toy with an interconnect between 2 ranks: a ring of N - 1 = 1 hop of 1.5 s (its bytes next to nothing).
+TWO_RANKS = replace(SECOND_PER_NODE, interconnect=Interconnect("toy link", 1e15, 1.5))
+
+
+def rank_step(nodes: list[Node], values: dict[str, Value], inputs: list[str], outputs: list[str]) -> Graph:
+    record = {"ranks": 2, "parameters": {"w": {"shape": [128], "numel": 128, "shard": 64}}}
+    return Graph(nodes, values, [], inputs, outputs, metadata={SHARDING_KEY: json.dumps(record)})
+
+
+def gathering_graph(a: int) -> Graph:
+    """fetching_graph with the fetch an all-gather: w (a rank's shard, 256 bytes) -> g -> w_full (512
+    bytes), read by use:Add(c, w_full); a and b `a` bytes, c and y 1024."""
+    f = TensorProto.FLOAT
+    values = {"x": Value("x", f, (256,)), "a": Value("a", f, (a // 4,)), "b": Value("b", f, (a // 4,)),
+              "c": Value("c", f, (128,)), "y": Value("y", f, (128,)), "w": Value("w", f, (64,)),
+              "w_full": Value("w_full", f, (128,))}
+    nodes = [Node("p", "Neg", "", ("x",), ("a",)), Node("g", "AllGather", "com.microsoft", ("w",), ("w_full",)),
+             Node("m1", "Abs", "", ("a",), ("b",)), Node("m2", "ReduceMax", "", ("b",), ("c",)),
+             Node("use", "Add", "", ("c", "w_full"), ("y",))]
+    return rank_step(nodes, values, ["x", "w"], ["y"])
+
+
+def test_a_gather_is_issued_where_the_compute_before_its_reader_covers_its_ring():
+    # order p, m1, m2, g, use. A collective starts when the step before it starts (the launch runs
+    # ahead of the kernels, cost/estimate.py): the 1.5 s ring issued before m2 starts beside m1 at 1 s
+    # and ends at 2.5 s, before use starts at 3 s; after m2 use waits for it until 3.5 s. Before m1 it
+    # would hold its 512 bytes a step longer for nothing.
+    g = gathering_graph(256)
+    mm = memory.build(g)
+    assert prefetch.hoist(g, mm, [P, M1, M2, T, USE], TWO_RANKS) == [P, M1, T, M2, USE]
+    assert timing.planned(g, mm, [P, M1, T, M2, USE], TWO_RANKS).seconds == pytest.approx(4.0, abs=1e-6)
+    assert timing.planned(g, mm, [P, M1, M2, T, USE], TWO_RANKS).seconds == pytest.approx(4.5, abs=1e-6)
+
+
+def test_a_gather_stops_where_it_would_raise_the_peak():
+    # A 2.5 s ring must start by 0.5 s: issued before m1 (beside p, at 0 s). With a and b 256 bytes
+    # it goes there (the peak is use's 1536: c, w_full, y; m1's 512 + 512 is under it). With a and b
+    # 2048 bytes m1 holds 4096, the peak, and 4096 + 512 is over it: it stops before m2 (b, c: 2560
+    # + 512), and use waits 0.5 s.
+    slow = replace(SECOND_PER_NODE, interconnect=Interconnect("toy link", 1e15, 2.5))
+    for a, expected in ((256, [P, T, M1, M2, USE]), (2048, [P, M1, T, M2, USE])):
+        g = gathering_graph(a)
+        assert prefetch.hoist(g, memory.build(g), [P, M1, M2, T, USE], slow) == expected
+
+
+def test_an_update_waits_for_its_reduce_scatter_behind_the_compute_that_covers_it():
+    # b0 makes big (2048 bytes: the peak, with t), b1 reduces it to t. gr -> rs (the ring, 1.5 s) ->
+    # shard (256 bytes) -> u (an update) -> w_new; k1 and k2 (1 s each) compute z from x and t
+    # meanwhile. Order b0, b1, rs, u, k1, k2: u waits for the ring until 3.5 s, the step ends at 5.5 s.
+    # Behind k1 and k2 (2 s >= 1.5 s, the shard held beside z1 and z, far under the peak) u waits for
+    # nothing: 5 s.
+    f = TensorProto.FLOAT
+    values = {"gr": Value("gr", f, (128,)), "shard": Value("shard", f, (64,)), "w": Value("w", f, (64,)),
+              "w_new": Value("w_new", f, (64,)), "x": Value("x", f, (64,)), "big": Value("big", f, (512,)),
+              "t": Value("t", f, (1,)), "z1": Value("z1", f, (64,)), "z": Value("z", f, (64,))}
+    nodes = [Node("b0", "Tile", "", ("x", "reps"), ("big",)), Node("b1", "ReduceMax", "", ("big",), ("t",)),
+             Node("rs", "ReduceScatter", "ai.roam.collective", ("gr",), ("shard",)),
+             Node("u", "Sub", "", ("w", "shard"), ("w_new",)), Node("k1", "Add", "", ("x", "t"), ("z1",)),
+             Node("k2", "Neg", "", ("z1",), ("z",))]
+    values["reps"] = Value("reps", TensorProto.INT64, (1,))
+    g = rank_step(nodes, values, ["gr", "w", "x", "reps"], ["w_new", "z"])
+    mm = memory.build(g)
+    mm.node_class = ["backward", "backward", "backward", "update", "backward", "backward"]
+    B0, B1, RS, U, K1, K2 = range(6)
+    assert prefetch.hoist(g, mm, [B0, B1, RS, U, K1, K2], TWO_RANKS) == [B0, B1, RS, K1, K2, U]
+    assert timing.planned(g, mm, [B0, B1, RS, K1, K2, U], TWO_RANKS).seconds == pytest.approx(5.0, abs=1e-6)
+    assert timing.planned(g, mm, [B0, B1, RS, U, K1, K2], TWO_RANKS).seconds == pytest.approx(5.5, abs=1e-6)
 
 
 def test_the_share_of_a_round_trip_the_compute_hides():

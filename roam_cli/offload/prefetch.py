@@ -1,14 +1,23 @@
-"""Fetches started early enough to overlap compute, within the device's peak.
+"""Fetches and all-gathers started early enough to overlap compute, and the updates waiting for a
+reduce-scatter run late enough, within the device's peak.
 
 The order stage minimises the device's peak, so it runs each transfer to the device right before
-its first reader, and the device waits for it. A fetch run earlier holds its bytes from there
-on: `hoist` moves each one back over the steps whose device compute covers its transfer time,
-as far as the live bytes at every step it passes stay within the order's peak and its input is
-ready, so that the plan's device bytes do not change. The order it returns is checked whole: if
-its peak is over the given order's, the given order is returned."""
+its first reader, and a rank step's all-gather right before the first reader of the parameter it
+gathers: the device waits for each. One run earlier holds its bytes from there on: `hoist` moves
+each back over the steps whose device compute covers its time (the transfer's on the link, the
+ring's on the interconnect), as far as the live bytes at every step it passes stay within the
+order's peak, its input is ready, and no earlier one of its stream was moved before it (a
+stream runs them one at a time, in order). A reduce-scatter's gradient shard is read by its
+parameter's update alone (the update nodes that follow from it, which nothing else reads): those
+are moved later over the compute that covers the ring, the shard held meanwhile within the peak
+as well. So the plan's device bytes do not change. The order it returns is checked whole: if its
+peak is over the given order's, or the cost model estimates it slower, the given order is
+returned (the fetches and gathers alone are tried first, when the updates moved are what
+failed)."""
 
-from roam_cli.cost.estimate import TO_DEVICE
+from roam_cli.cost.estimate import COLLECTIVE, TO_DEVICE, estimate
 from roam_cli.cost.profile import Profile
+from roam_cli.core.collectives import ranks
 from roam_cli.core.graph import Graph
 from roam_cli.core.memory import DEVICE, MemoryModel, lifetimes, peak_live
 from roam_cli.offload import timing
@@ -26,21 +35,102 @@ def hoist(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> 
     for k in range(1, len(live)):
         live[k] += live[k - 1]
     peak = peak_live(mm, spans)[0]
-    key = [float(k) for k in range(len(order))]
+    n = ranks(graph.metadata)
+    key = {k: float(k) for k in range(len(order))}
+    last_moved = -1  # the step before which the last fetch moved now runs: the link takes them in order
     for k, s in enumerate(steps):
         if s.kind != TO_DEVICE:
             continue
-        ready = max(s.after, default=-1)
         need = profile.link_latency + s.bytes / profile.to_device_bandwidth
+        ready = max(max(s.after, default=-1), last_moved - 1)
         q, done = k, 0.0
         while done < need and q - 1 > ready and live[q - 1] + s.bytes <= peak:
             q -= 1
             done += covered[q]
+        last_moved = q
         if q < k:
             for t in range(q, k):
                 live[t] += s.bytes
-            key[k] = q - 0.5 + k * 1e-9  # before step q; fetches moved to one step keep their order
-    hoisted = [order[k] for k in sorted(range(len(order)), key=key.__getitem__)]
-    if hoisted == order or peak_live(mm, lifetimes(mm, hoisted))[0] > peak:
-        return order
-    return hoisted
+            key[k] = q - 0.5 + k * 1e-9  # before step q; those moved to one step keep their order
+    if n > 1:
+        gathers_hoisted(steps, covered, live, peak, n, profile, key)
+    sunk = updates_sunk(graph, mm, order, steps, covered, live, peak, n, profile)
+    seconds = estimate(profile, steps, n).seconds
+    for moved in (key | sunk, key):
+        hoisted = [order[k] for k in sorted(range(len(order)), key=moved.__getitem__)]
+        if hoisted == order:
+            return order
+        if (peak_live(mm, lifetimes(mm, hoisted))[0] <= peak
+                and estimate(profile, timing.steps(graph, mm, hoisted), n).seconds <= seconds):
+            return hoisted
+    return order
+
+
+def gathers_hoisted(steps: list, covered: list[float], live: list[int], peak: int, ranks: int, profile: Profile,
+                    key: dict[int, float]) -> None:
+    """Each all-gather's new sort key in `key`, scheduled from the last: the interconnect runs the
+    gathers one at a time, so each must end where its reader starts and before the next gather
+    must start; it is moved back to the first step whose compute leaves it that time, as far as
+    its input and the peak allow."""
+    elapsed = [0.0]  # the device compute before each step
+    for t in covered:
+        elapsed.append(elapsed[-1] + t)
+
+    def issued(q: int) -> float:
+        """when a collective run before step q starts: as the step before it starts (cost.estimate)"""
+        return elapsed[max(q - 1, 0)]
+
+    next_start = float("inf")
+    for k in reversed(range(len(steps))):
+        s = steps[k]
+        if s.kind != COLLECTIVE or s.op_type != "AllGather":
+            continue
+        start = min(elapsed[k], next_start) - profile.interconnect.ring_seconds(s.bytes, ranks)
+        ready = max(s.after, default=-1)
+        q = k
+        while issued(q) > start and q - 1 > ready and live[q - 1] + s.bytes <= peak:
+            q -= 1
+        next_start = max(start, issued(q))
+        if q < k:
+            for t in range(q, k):
+                live[t] += s.bytes
+            key[k] = q - 0.5 + k * 1e-9
+
+
+def updates_sunk(graph: Graph, mm: MemoryModel, order: list[int], steps: list, covered: list[float],
+                 live: list[int], peak: int, ranks: int, profile: Profile) -> dict[int, float]:
+    """Step -> its new sort key, for the update steps moved after the compute that covers the
+    reduce-scatter they wait for."""
+    position = {i: k for k, i in enumerate(order)}
+    moved: dict[int, float] = {}
+    for k, s in enumerate(steps):
+        if s.kind != COLLECTIVE or s.op_type != "ReduceScatter" or ranks < 2:
+            continue
+        waiting, stack = set(), [order[k]]
+        while stack:  # every node that follows from the shard
+            for v in graph.nodes[stack.pop()].outputs:
+                for u in graph.consumers.get(v, ()):
+                    if u not in waiting:
+                        waiting.add(u)
+                        stack.append(u)
+        if not waiting or any(mm.node_class[u] != "update" for u in waiting):
+            continue
+        first = min(position[u] for u in waiting)
+        shard = mm.tensor_bytes[graph.nodes[order[k]].outputs[0]]
+        need, done, q = profile.interconnect.ring_seconds(s.bytes, ranks), 0.0, first
+        for t in range(first + 1, len(order)):
+            if done >= need:
+                break
+            if order[t] in waiting:  # moves with the others
+                continue
+            if live[t] + shard > peak:
+                break
+            done += covered[t]
+            q = t
+        if q > first:
+            for t in range(first + 1, q + 1):
+                live[t] += shard
+            for u in waiting:
+                if position[u] < q:
+                    moved[position[u]] = q + 0.5 + position[u] * 1e-9  # after step q, in their order
+    return moved
