@@ -292,7 +292,7 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     when no `refine` is given."""
     t = time.perf_counter()
     if refine is None and sharding_of(imported.graph.metadata) is not None:
-        refine = gathers_hoisted(imported, mm, options.device)
+        refine = gathers_hoisted(imported, mm, options)
     say(f"ordering {len(imported.graph.nodes)} nodes: baselines")
     op_types = [n.op_type for n in imported.graph.nodes]
     measured = order.baselines(mm, op_types)
@@ -370,14 +370,26 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
     return Result(result, imported, mm, imported.notes + mm.notes, model_path)
 
 
-def gathers_hoisted(imported: Imported, mm: memory.MemoryModel, device: str | None):
+def gathers_hoisted(imported: Imported, mm: memory.MemoryModel, options: Options):
     """A rank step's refinement of its order: each all-gather moved back over the compute that
-    hides its ring on profile `device`'s interconnect, within the order's peak."""
-    profile = cost_profile.for_step(device, sharded=True)
+    hides its ring on the profile's interconnect, within the order's peak (`prefetch`). Its peak
+    of live bytes is the order's, but the longer lives can leave a layout more holes: the moved
+    order is kept only where the layout heuristics place it in no more bytes than the order found."""
+    profile = cost_profile.for_step(options.device, sharded=True)
+    device = mm.on(memory.DEVICE)
+
+    def arena(order_: list[int]) -> int:
+        buffers = layout_buffers(mm, order_)
+        return layout.place([buffers[k] for k in device], options.layout, time_limit=0).arena
 
     def refine(order_found: list[int]) -> tuple[list[int], dict]:
         early = prefetch.hoist(imported.graph, mm, order_found, profile)
-        return early, {"prefetch_moved_steps": sum(a != b for a, b in zip(order_found, early))}
+        if early == order_found:
+            return order_found, {"prefetch_moved_steps": 0}
+        found, moved = arena(order.runs(mm, order_found)), arena(order.runs(mm, early))
+        kept = early if moved <= found else order_found
+        return kept, {"prefetch_moved_steps": sum(a != b for a, b in zip(order_found, kept)),
+                      "prefetch_heuristic_arena": {"found": found, "moved": moved}}
     return refine
 
 

@@ -76,9 +76,8 @@ class Space:
         self.near = [sum(1 << w for w in problem.succs[v]) for v in range(n)]
         for mask in self.reader_mask:
             if mask.bit_count() <= BLOCK_CO_READERS:
-                for v in range(n):
-                    if mask >> v & 1:
-                        self.near[v] |= mask & ~(1 << v)
+                for v in bits(mask):  # not a test of every node's bit: a 20,000-node leaf took 10 s
+                    self.near[v] |= mask & ~(1 << v)
 
     def step(self, done: int, v: int, live: int) -> tuple[int, int]:
         """(live bytes at v's step, live bytes after it) when v runs after `done`."""
