@@ -304,7 +304,9 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, l
              jobs, offload, device_profile, as_json):
     """The memory / extra-FLOPs front of the training step MODEL: plans from keeping every
     forward value through `--recompute free` to the most recomputation roam can plan, each
-    verified; dominated plans dropped, so that less memory always costs more FLOPs.
+    verified; dominated plans dropped, so that less memory always costs more FLOPs. On a rank
+    step (roam shard) a parameter gathered again costs its communication too, on --device's
+    interconnect, and each point says what the rank sends per step.
 
     \b
     Examples:
@@ -313,6 +315,7 @@ def tradeoff(obj, model, front_path, points, plans_dir, plot_dir, marks, dims, l
       roam tradeoff full_step.onnx -o front.json --plot pictures/ --mark 'PyTorch eager=3.46GiB' \\
           --mark 'checkpointing=2.32GiB@23.3%'
       roam tradeoff full_step.onnx -o front.json --offload host --device pcie-gen5-gpu
+      roam tradeoff rank.onnx -o front.json --device infiniband-ndr-gpu --plot pictures/
     """
     check_output_path(front_path, [model])
     milp.check_solver(solver)

@@ -33,7 +33,11 @@ LEAF_SIZE = 32
 # time; the seconds only cap a leaf that would overrun the deadline (or the Python reference's
 # slower search, where the C extension did not build).
 LEAF_STATES = 250_000  # down-sets the exhaustive search may visit (about a second in C)
-LEAF_SEEN_BYTES = 256 * 2**20  # ... and at most this many bytes of them (a down-set of n nodes is n bits)
+# ... and at most this many bytes of them (a down-set of n nodes is n bits): a leaf's work grows with
+# its states times its width, so a 20,000-node leaf visits 13,000 states (at 256 MiB: 107,000 and its
+# 10 s, improving nothing on the 70B-class rank step); leaves up to 1,000 nodes keep LEAF_STATES. The
+# suite's nine free plans and three 70B-class steps planned the same (BENCHMARKS.md, issue 40)
+LEAF_SEEN_BYTES = 32 * 2**20
 LEAF_SECONDS = 10.0
 
 
