@@ -57,11 +57,10 @@ def hoist(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> 
     # the schedules tried, each kept by the cost model, not by the simple timing that makes it: the
     # gathers with and without those run early moved later, the updates moved or not
     candidates = []
+    views, due = views_sunk(graph, order, steps) if n > 1 else ({}, {})
     for later in ((True, False) if n > 1 else (False,)):
-        moved, held = dict(key), list(live)
+        moved, held = key | views, list(live)
         if n > 1:
-            views, due = views_sunk(graph, order, steps)
-            moved |= views
             gathers_hoisted(steps, covered, held, peak, n, profile, moved, due, later)
         sunk = updates_sunk(graph, mm, order, steps, covered, held, peak, n, profile)
         candidates += [moved | sunk, moved]
