@@ -247,7 +247,7 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     fewest = recompute.fewest_bytes(imported.graph, mm, options.device)
     limit = budget - (plan_io.needed_bytes(kept.plan) - as_it_is.kept_bytes)
     tried = []
-    for _ in range(BUDGET_ROUNDS):
+    for attempt in range(BUDGET_ROUNDS):
         limit = max(limit, fewest.kept_bytes)
         say(f"choosing what to recompute to keep at most {limit} bytes")
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
@@ -257,7 +257,10 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         excess = plan_io.needed_bytes(tried[-1].plan) - budget
         if excess <= 0 or limit == fewest.kept_bytes:
             break
-        limit -= excess
+        # the plan's other bytes need not follow the boundary's one for one (a choice a few bytes
+        # smaller can be laid out no better): each round after the first lowers the limit by
+        # twice as much as the excess asks
+        limit -= excess * 2 ** max(attempt - 1, 0)
     if plan_io.needed_bytes(tried[-1].plan) > budget:
         # keeping the fewest bytes is not always the smallest plan (a recomputed product's
         # backward can outgrow it); the cheap ops' choice is one more candidate
