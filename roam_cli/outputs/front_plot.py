@@ -40,9 +40,10 @@ def picture(front: dict, out_dir: Path, formats=FORMATS) -> list[Path]:
                 label=f"{m['name']}: {format_bytes(m['total_bytes'])}, {m['extra_flops_pct']:.1f} % extra")
     ax.set_xscale("symlog", linthresh=0.1)
     ax.set_ylim(0, top / scale * 1.1)
-    cost = ("extra FLOPs, each parameter gathered again at its ring time in FLOPs of the device"
-            if any("sent_bytes" in p for p in points) else "extra FLOPs")
-    ax.set_xlabel(f"{cost} (% of the step's; symmetric log scale, linear below 0.1 %)")
+    if any("sent_bytes" in p for p in points):  # a rank step: a gather again priced at its ring's time
+        ax.set_xlabel("extra FLOPs + gathers again at ring time (% of the step's; symlog, linear below 0.1 %)")
+    else:
+        ax.set_xlabel("extra FLOPs (% of the step's; symmetric log scale, linear below 0.1 %)")
     ax.set_ylabel(f"memory of the step ({unit})")
     model = Path(front["model"])
     ax.set_title(f"Memory against recomputation: {model.parent.name + '/' if model.parent.name else ''}{model.name}")
