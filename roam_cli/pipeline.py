@@ -251,7 +251,8 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
         limit = max(limit, fewest.kept_bytes)
         say(f"choosing what to recompute to keep at most {limit} bytes")
         choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
-                                   max(deadline - time.perf_counter(), 1.0), options.solver) or fewest)
+                                   max(deadline - time.perf_counter(), 1.0), options.solver)
+                  or recompute.gathers_kept(fewest, limit))
         tried.append(plan_to_fit(lambda o: plan_choice(imported, mm, choice, model_path, plan_path, o, seconds, say),
                                  replace(share(2), stop_at_budget=True)))
         excess = plan_io.needed_bytes(tried[-1].plan) - budget

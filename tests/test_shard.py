@@ -323,6 +323,23 @@ def test_free_recompute_gathers_a_matrix_again_but_not_a_table_for_its_rows(tmp_
     assert "fc.weight/all_gather" in copies and "embed.weight/all_gather" not in copies
 
 
+def two_layer_rank(folder):
+    """x [4, 8] -> Tanh -> @ fc1.weight [8, 8] -> Tanh -> @ fc2.weight [8, 8] -> mean square: its rank
+    step at N = 2, (graph, memory model at alignment 1)."""
+    rng = np.random.default_rng(0)
+    forward = model([node("Tanh", ["x"], ["a0"]), node("MatMul", ["a0", "fc1.weight"], ["h"]),
+                     node("Tanh", ["h"], ["a1"]), node("MatMul", ["a1", "fc2.weight"], ["z"]),
+                     node("Mul", ["z", "z"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)],
+                    [("x", [4, 8])], [("loss", [])],
+                    initializers={n: rng.standard_normal([8, 8]).astype(np.float32) for n in ("fc1.weight", "fc2.weight")})
+    save(forward, folder / "forward.onnx")
+    training_graph.make(folder / "forward.onnx", folder / "step.onnx", loss="none", in_graph=True,
+                        backward=roam_backward)
+    save(shard(folder / "step.onnx", 2)[0], folder / "rank.onnx")
+    graph = import_model(folder / "rank.onnx").graph
+    return graph, memory.build(graph, 1)
+
+
 def test_a_budget_pays_for_a_gather_again_in_communication_time_not_zero(tmp_path):
     # x [4, 8] (a rank's rows) -> Tanh -> a0 -> @ fc1.weight [8, 8] -> h -> Tanh (in place) -> @ fc2.weight [8, 8]
     # -> z -> mean square, at N = 2 on nvlink4-gpu. The backward reads a0 and z (128 B each), h and the gathered
@@ -331,18 +348,7 @@ def test_a_budget_pays_for_a_gather_again_in_communication_time_not_zero(tmp_pat
     # activation: one byte under keeping everything (640 B), Tanh(x) is recomputed (32 FLOPs; with the
     # in-place Tanh's own 32: 64); under 512 B, z = a1 @ fc2.weight too (2 x 4 x 8 x 8 = 512 FLOPs);
     # only under 384 B is fc2.weight gathered again. Priced at 0 FLOPs, as a gather counts, it went first.
-    rng = np.random.default_rng(0)
-    forward = model([node("Tanh", ["x"], ["a0"]), node("MatMul", ["a0", "fc1.weight"], ["h"]),
-                     node("Tanh", ["h"], ["a1"]), node("MatMul", ["a1", "fc2.weight"], ["z"]),
-                     node("Mul", ["z", "z"], ["sq"]), node("ReduceMean", ["sq"], ["loss"], keepdims=0)],
-                    [("x", [4, 8])], [("loss", [])],
-                    initializers={n: rng.standard_normal([8, 8]).astype(np.float32) for n in ("fc1.weight", "fc2.weight")})
-    save(forward, tmp_path / "forward.onnx")
-    training_graph.make(tmp_path / "forward.onnx", tmp_path / "step.onnx", loss="none", in_graph=True,
-                        backward=roam_backward)
-    save(shard(tmp_path / "step.onnx", 2)[0], tmp_path / "rank.onnx")
-    graph = import_model(tmp_path / "rank.onnx").graph
-    mm = memory.build(graph, 1)
+    graph, mm = two_layer_rank(tmp_path)
     price = recompute.gather_price(graph, "nvlink4-gpu")
     assert price.per_byte == pytest.approx(494.5e12 / 2 / 450e9) and price.each == 1_681_300_000
     assert recompute.keep_all(graph, mm, "nvlink4-gpu").kept_bytes == 640
@@ -353,6 +359,22 @@ def test_a_budget_pays_for_a_gather_again_in_communication_time_not_zero(tmp_pat
         copied = {names[k] for k in choice.copied}
         assert (choice.kept_bytes, choice.flops, "fc2.weight/all_gather" in copied) == (kept, flops, regathered)
         assert choice.price == flops + regathered * (round(494.5e12 / 2 / 450e9 * 256) + 1_681_300_000)
+
+
+def test_without_the_program_a_budget_still_keeps_the_gathers_it_has_room_for(tmp_path):
+    # The fewest bytes (0 kept) recompute everything and gather fc1.weight and fc2.weight again (256 B
+    # gathered each, each 140,658 + 1,681,300,000 FLOPs as above). With room for one (256 B) the first
+    # is kept (equal prices per byte: the graph's order), for both (512 B) neither is gathered again.
+    graph, mm = two_layer_rank(tmp_path)
+    fewest = recompute.fewest_bytes(graph, mm, "nvlink4-gpu")
+    names = {k: graph.nodes[i].name for k, i in enumerate(fewest.problem.nodes)}
+    gather = 140_658 + 1_681_300_000
+    assert (fewest.kept_bytes, fewest.price) == (0, 1088 + 2 * gather)
+    for limit, kept, regathered in ((255, 0, ["fc1.weight/all_gather", "fc2.weight/all_gather"]),
+                                    (256, 256, ["fc2.weight/all_gather"]), (512, 512, [])):
+        choice = recompute.gathers_kept(fewest, limit)
+        assert choice.kept_bytes == kept and choice.price == 1088 + len(regathered) * gather
+        assert sorted(names[k] for k in choice.copied if names[k].endswith("all_gather")) == regathered
 
 
 def test_a_rank_step_s_front_says_what_each_point_sends(steps, tmp_path):

@@ -91,6 +91,21 @@ def within(fewest: Choice, limit: int, deadline: float, solver: str) -> Choice |
     return None if saved is None else chosen(fewest.problem, saved)
 
 
+def gathers_kept(choice: Choice, limit: int) -> Choice:
+    """`choice` (at most `limit` bytes kept) with the parameters it gathers again kept instead, the
+    dearest communication per byte first, while the bytes fit: what a budget the 0/1 program ran
+    out of time on still has room for. Keeping a gathered value adds at most its own bytes."""
+    p = choice.problem
+    gathers = [k for k in choice.copied if p.flops[k] != p.price[k]]  # a copy priced above its FLOPs: a gather
+    saved, kept = set(choice.saved), choice.kept_bytes
+    for k in sorted(gathers, key=lambda k: -p.price[k] / max(p.cost.get(p.outputs[k][0]) or 1, 1)):
+        v = p.outputs[k][0]
+        if p.cost.get(v) is not None and kept + p.cost[v] <= limit:
+            saved.add(v)
+            kept += p.cost[v]
+    return chosen(p, saved) if len(saved) > len(choice.saved) else choice
+
+
 def apply(imported: Imported, mm: MemoryModel, choice: Choice, mode: str) -> tuple[Imported, dict]:
     """The model with the chosen copies and replays, and the plan's `recompute` record of them:
     each added node and its FLOPs, each recomputed tensor and the nodes reading it, and the bytes
