@@ -16,6 +16,7 @@ from roam_cli.core.collectives import sharding as sharding_of
 from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
 from roam_cli.core.forking import beside
+from roam_cli.cost import profile as cost_profile
 from roam_cli.frontend.onnx_import import (
     Imported,
     external_data_files,
@@ -23,7 +24,6 @@ from roam_cli.frontend.onnx_import import (
     load_model,
 )
 from roam_cli.lower import LOWERED_FROM_KEY
-from roam_cli.cost import profile as cost_profile
 from roam_cli.offload import planner, prefetch
 from roam_cli.order.bounds import lower_bound
 from roam_cli.order.problem import from_memory_model
@@ -312,9 +312,9 @@ def plan_model(imported: Imported, mm: memory.MemoryModel, model_path: Path, pla
                                             leaf_states=options.leaf_states)
     if refine is not None:
         refined, figures = refine(chosen_order)
+        order_stats |= figures
         if refined != chosen_order:
             chosen_order = order.runs(mm, refined)
-            order_stats |= figures
     order_stats["baselines"] = [{"strategy": k, "peak_live_bytes": v["peak_live_bytes"], "seconds": v["seconds"]}
                                 for k, v in measured.items()]
     # ONNX Runtime writes a kernel's output into its input where this order runs the kernel last
