@@ -250,9 +250,10 @@ def plan_within_budget(imported: Imported, mm: memory.MemoryModel, kept: Result,
     for attempt in range(BUDGET_ROUNDS):
         limit = max(limit, fewest.kept_bytes)
         say(f"choosing what to recompute to keep at most {limit} bytes")
-        choice = (recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
-                                   max(deadline - time.perf_counter(), 1.0), options.solver)
-                  or recompute.gathers_kept(fewest, limit))
+        # the program's choice (its warm start when out of time), with the gathers it has room for kept
+        choice = recompute.gathers_kept(recompute.within(fewest, limit, time.perf_counter() + BUDGET_ILP_SHARE *
+                                                         max(deadline - time.perf_counter(), 1.0), options.solver)
+                                        or fewest, limit)
         tried.append(plan_to_fit(lambda o: plan_choice(imported, mm, choice, model_path, plan_path, o, seconds, say),
                                  replace(share(2), stop_at_budget=True)))
         excess = plan_io.needed_bytes(tried[-1].plan) - budget

@@ -94,7 +94,8 @@ def within(fewest: Choice, limit: int, deadline: float, solver: str) -> Choice |
 def gathers_kept(choice: Choice, limit: int) -> Choice:
     """`choice` (at most `limit` bytes kept) with the parameters it gathers again kept instead, the
     dearest communication per byte first, while the bytes fit: what a budget the 0/1 program ran
-    out of time on still has room for. Keeping a gathered value adds at most its own bytes."""
+    out of time on (its warm start, the fewest bytes) still has room for. Keeping a gathered value
+    adds at most its own bytes."""
     p = choice.problem
     gathers = [k for k in choice.copied if p.flops[k] != p.price[k]]  # a copy priced above its FLOPs: a gather
     saved, kept = set(choice.saved), choice.kept_bytes
