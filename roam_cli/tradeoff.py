@@ -3,9 +3,9 @@
 The points run from the plan that keeps everything (no extra FLOPs) through `--recompute free`
 to the most recomputation roam can plan (the fewest bytes any recompute keeps across the
 forward/backward boundary). Between them, the budget program (`recompute.within`) chooses the
-cheapest recomputation that keeps at most L bytes across the boundary, for limits L bisecting the widest gap
-left between the choices found, until the front has the points asked for or no gap is left to
-split. Each distinct choice is ordered and laid out (`pipeline.plan_choice`) and checked by the
+cheapest recomputation that keeps at most L bytes across the boundary, for limits L bisecting the
+widest gap left between the choices found, until the front has the points asked for or no gap is
+left to split. Each distinct choice is ordered and laid out (`pipeline.plan_choice`) and checked by the
 independent verifier on the source model rewritten again from the plan's record, as `roam
 verify STEP.onnx plan.json` does. A plan's memory is what `--budget` counts: persistent + arena.
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from roam_cli.core.collectives import sharding
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph
-from roam_cli.cost import profile as profile_mod
 from roam_cli.core.memory import MemoryModel
+from roam_cli.cost import profile as profile_mod
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.recompute import ilp, mincut, ops, problem as problem_mod, rewrite as rewrite_mod
 from roam_cli.recompute.flops import graph_flops
@@ -64,7 +64,8 @@ def gather_price(graph: Graph, device: str | None) -> GatherPrice | None:
         return None
     profile = profile_mod.for_step(device, sharded=True)
     ranks, link, rate = meta["ranks"], profile.interconnect, profile.device_flops["matmul"]
-    return GatherPrice(rate * (ranks - 1) / ranks / link.bandwidth, round(rate * (ranks - 1) * link.latency))
+    hops = link.ring_seconds(0, ranks)  # a ring's time is linear in its bytes: its latency, and a rate per byte
+    return GatherPrice(rate * (link.ring_seconds(1, ranks) - hops), round(rate * hops))
 
 
 def keep_all(graph: Graph, mm: MemoryModel, device: str | None = None) -> Choice:
