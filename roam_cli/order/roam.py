@@ -24,7 +24,7 @@ from concurrent.futures import ProcessPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 
-from roam_cli.order import blocks, bounds, divide, ideals, rules, tails
+from roam_cli.order import blocks, bounds, divide, ideals, rules, sink, tails
 from roam_cli.order.greedy import SCHEDULERS
 from roam_cli.order.problem import Buffer, Problem, peak, profile, reachability
 
@@ -122,7 +122,10 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     placed, placed_peak = tails.improve(rp, start, desc, stats.lower_bound, peak(rp, start), gap=gap)
     if placed_peak < peak(rp, start):
         start, stats.reference = placed, f"{stats.reference}, tails placed"
-        stats.lower_bound = bound.raised(start)
+    sunk = sink.sink(rp, start)
+    if sunk != start:
+        start, stats.reference = sunk, f"{stats.reference}, sunk"
+    stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target, leaf_states)
         best = search.run()
