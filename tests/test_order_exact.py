@@ -168,6 +168,35 @@ def test_lower_bounds_hold_and_the_step_minimum_is_exact():
             assert bounds.step_minimum(read, v, anc, desc) == min(step_live(read, o, v) for o in orders)
 
 
+def test_every_pair_bound_holds():
+    for (_, mm), best in list(zip(CASES, OPTIMA))[::3]:
+        problem = from_memory_model(mm)
+        anc, desc = reachability(problem)
+        for v in range(problem.n):
+            for u in range(v):
+                if not (anc[v] >> u & 1 or desc[v] >> u & 1):
+                    assert bounds.pair(problem, v, u, anc, desc) <= best
+
+
+def test_a_pair_bound_prices_a_node_that_is_cheap_only_early():
+    # c -> t makes T (100 B) from the weights alone (a weight copy, C, then its transpose), read by
+    # r; the forward a -> f peaks at f (x 500 + y 50 + its scratch, 60). Run late, t's step
+    # holds x + y + C + T = 750; run early, T lives through f's: 710, the optimum. Alone, t's step
+    # costs 200 (first of all) and f's 610: the step bound is r's 660. pair(t, f): f first, t's step
+    # is 750; t first, f's is 710: every order holds 710 somewhere.
+    problem = Problem(((), (0,), (), (2,), (1, 3), (0, 4)),
+                      (Buffer(500, (0,), (1, 5)), Buffer(50, (1,), (4,)), Buffer(60, (1,), (1,)),
+                       Buffer(100, (2,), (3,)), Buffer(100, (3,), (4,)), Buffer(10, (4,), (5,))))
+    late, early = [0, 1, 2, 3, 4, 5], [2, 3, 0, 1, 4, 5]
+    assert profile(problem, late) == [500, 610, 650, 750, 660, 510]
+    assert profile(problem, early) == [100, 200, 600, 710, 660, 510]
+    assert min(peak(problem, list(o)) for o in topological_orders(list(problem.preds))) == 710
+    anc, desc = reachability(problem)
+    assert [bounds.step_minimum(problem, v, anc, desc) for v in range(6)] == [500, 610, 100, 200, 660, 510]
+    assert bounds.pair(problem, 3, 1, anc, desc) == 710
+    assert bounds.lower_bound(problem, late) == 710  # t, late's highest step, paired with f
+
+
 def test_a_proven_bound_stops_the_search_at_once():
     # a chain: one order, so the bound is reached and nothing is searched
     problem = Problem(((), (0,), (1,)), (Buffer(100, (0,), (1,)), Buffer(50, (1,), (2,))))

@@ -1,6 +1,6 @@
 """Lower bounds on the peak of every order of a problem: they turn a good order into a proven one.
 
-- `surely_live()`: at v's step a buffer is live in every order when one of its allocators is v
+- `surely_live_at()`: at v's step a buffer is live in every order when one of its allocators is v
   or an ancestor and one of its readers is v or a descendant (or it lives to the end); every
   buffer that entered live is live at the first step, every one living to the end at the last.
 - `step_minimum(v)`: the least live bytes v's step can have in any order, exactly, as a
@@ -13,7 +13,12 @@
   reader: most buffers are one edge). Buffers nobody reads are left out (a bound may
   undercount). Both bound the peak from below, so peak == bound proves an order optimal.
   `Bound` takes the step minimum where the most bytes are surely live and at each order's
-  highest steps."""
+  highest steps.
+- `pair(v, u)`: in every order u runs before v or v before u, so the peak is at least the smaller
+  of the step minimum of v with u forced before it and that of u with v forced before it. A node
+  whose step is cheap only early (a weight copy recomputed for the backward: alone at the start of
+  the step it costs nothing, but its output then lives through the forward's peak) gets its price
+  from the nodes its output's readers wait for: run before them, it is live at their steps."""
 
 import numpy as np
 
@@ -21,6 +26,8 @@ from roam_cli.order.problem import Problem, profile, reachability
 from roam_cli.solvers.maxflow import min_cut
 
 PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
+PAIR_STEPS = 4  # ... and of those, how many get pair bounds where they stay below them,
+PARTNERS = 4  # each with at most this many partners
 
 
 def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
@@ -35,12 +42,14 @@ class Bound:
 
     def __init__(self, problem: Problem, anc: list[int], desc: list[int]):
         self.problem, self.anc, self.desc = problem, anc, desc
-        self.value, densest = surely_live(problem, anc, desc)
+        surely = surely_live_at(problem, anc, desc)
+        self.value = max(int(surely.max(initial=0)), held_throughout(problem))
         self.prefixes: dict[int, tuple[int, list[int]]] = {}  # node -> best_prefix()
+        self.pairs: dict[tuple[int, int], int] = {}  # (u, v), u < v -> pair()
         # Where the most bytes are surely live (a training step's loss, with every kept activation)
         # the step minimum is high in every order, even where a poor order peaks elsewhere.
-        if densest is not None:
-            self.value = max(self.value, self.prefix(densest)[0])
+        if problem.n:
+            self.value = max(self.value, self.prefix(int(surely.argmax()))[0])
 
     def prefix(self, v: int) -> tuple[int, list[int]]:
         if v not in self.prefixes:
@@ -48,18 +57,63 @@ class Bound:
         return self.prefixes[v]
 
     def raised(self, order: list[int]) -> int:
-        """The bound raised by the step minima of the nodes at `order`'s highest steps."""
+        """The bound raised by the step minima of the nodes at `order`'s highest steps, then, where
+        those stay below them, by each such node's pair bounds with its partners."""
         if order:
             steps = profile(self.problem, order)
-            for step in sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]:
+            highest = sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]
+            for step in highest:
                 if steps[step] <= self.value:
                     break
                 self.value = max(self.value, self.prefix(order[step])[0])
+            for step in highest[:PAIR_STEPS]:
+                if steps[step] <= self.value:
+                    break
+                v = order[step]
+                for u in self.partners(v, order, steps):
+                    self.value = max(self.value, self.pair(v, u))
         return self.value
 
+    def partners(self, v: int, order: list[int], steps: list[int]) -> list[int]:
+        """The nodes to pair v with: those unordered with it that its outputs' readers wait for
+        (were v to run first, its outputs would be live at their steps), where `order` holds the
+        most bytes first."""
+        n, p = self.problem.n, self.problem
+        waited = 0
+        for b in p.allocs[v]:
+            for r in p.buffers[b].readers:
+                waited |= self.anc[r]
+        candidate = np.zeros(n, dtype=bool)
+        candidate[members(waited & ~(self.anc[v] | self.desc[v] | 1 << v), n)] = True
+        found = np.flatnonzero(candidate)
+        at = np.empty(n, dtype=np.int64)
+        at[np.asarray(order, dtype=np.int64)] = np.asarray(steps, dtype=np.int64)
+        return found[np.argsort(-at[found], kind="stable")][:PARTNERS].tolist()
 
-def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> tuple[int, int | None]:
-    """(the bound, the node whose step has the most bytes surely live, None for no nodes)."""
+    def pair(self, v: int, u: int) -> int:
+        key = (min(u, v), max(u, v))
+        if key not in self.pairs:
+            self.pairs[key] = pair(self.problem, v, u, self.anc, self.desc)
+        return self.pairs[key]
+
+
+def pair(problem: Problem, v: int, u: int, anc: list[int], desc: list[int]) -> int:
+    """The least of v's step with u run before it and of u's step with v run before it: a bound,
+    since every order runs one of the two first (u and v unordered)."""
+    return min(best_prefix(problem, v, anc, desc, anc[u] | 1 << u)[0],
+               best_prefix(problem, u, anc, desc, anc[v] | 1 << v)[0])
+
+
+def held_throughout(problem: Problem) -> int:
+    """What the first step or the last holds in every order: the buffers that entered live, or
+    those living to the end."""
+    entered = sum(b.bytes for b in problem.buffers if not b.alloc)
+    staying = sum(b.bytes for b in problem.buffers if b.to_end)
+    return problem.base + max(entered, staying)
+
+
+def surely_live_at(problem: Problem, anc: list[int], desc: list[int]) -> np.ndarray:
+    """The bytes surely live at each node's step (base included)."""
     n = problem.n
     total = np.full(n, problem.base, dtype=np.int64)
     everyone = (1 << n) - 1
@@ -94,10 +148,7 @@ def surely_live(problem: Problem, anc: list[int], desc: list[int]) -> tuple[int,
                 add()
     if rows:
         add()
-    entered = sum(b.bytes for b in problem.buffers if not b.alloc)
-    staying = sum(b.bytes for b in problem.buffers if b.to_end)
-    densest = int(total.argmax()) if n else None
-    return max(int(total.max(initial=0)), problem.base + max(entered, staying)), densest
+    return total
 
 
 def members(bits: int, n: int) -> np.ndarray:
@@ -111,8 +162,10 @@ def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> i
     return best_prefix(problem, v, anc, desc)[0]
 
 
-def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tuple[int, list[int]]:
-    """(the least live bytes of v's step in any order, the nodes that run before v there).
+def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int], first: int = 0) -> tuple[int, list[int]]:
+    """(the least live bytes of v's step in any order, the nodes that run before v there); with
+    `first` (a set of nodes closed under ancestors, none a descendant of v), in any order that runs
+    them before v.
 
     Only the nodes unordered with v are free to run before or after it: v's ancestors are
     contracted into the source, v and its descendants into the sink, and a buffer whose side
@@ -120,7 +173,7 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int]) -> tu
     descendant) or nothing. The network holds the rest, a fraction of a large graph."""
     n = problem.n
     before_v = np.zeros(n, dtype=bool)
-    before_v[members(anc[v], n)] = True
+    before_v[members(anc[v] | first, n)] = True
     after_v = np.zeros(n, dtype=bool)
     after_v[members(desc[v], n)] = True
     after_v[v] = True
