@@ -60,7 +60,7 @@ def main() -> None:
         for path in models:
             graph = import_model(path).graph
             mm = memory.build(graph)
-            ours = [graph.nodes[i].name for i in ort_default(list(mm.preds), [n.op_type for n in graph.nodes])]
+            ours = [graph.nodes[i].name for i in ort_default(list(mm.run_preds), [n.op_type for n in graph.nodes])]
             theirs = profiled_order(path, folder)
             same = sum(a == b for a, b in zip(ours, theirs))
             print(f"| {path.name} | {len(ours)} | {same}/{len(theirs)} | {'yes' if ours == theirs else 'no'} |")

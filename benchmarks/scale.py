@@ -209,10 +209,10 @@ def timed(*args: str) -> tuple[int, str, float, float, float]:
     return run.returncode, message.strip(), wall, cpu, int(rss.group(1)) / 2**20 if rss else float("nan")
 
 
-def plan(name: str, step: Path, folder: Path, mode: str, jobs: int, stop_gap: str) -> dict:
+def plan(name: str, step: Path, folder: Path, mode: str, jobs: int, stop_gap: str, device: str | None = None) -> dict:
     out = folder / f"{name}-{mode}-{stop_gap}.json"
     code, message, wall, cpu, rss = timed("optimize", str(step), "-o", str(out), "--jobs", str(jobs), "--recompute", mode,
-                                          "--gap", stop_gap)
+                                          "--gap", stop_gap, *(["--device", device] if device else []))
     row = {"mode": mode, "stop_gap": float(stop_gap), "seconds": round(wall, 1), "cpu_seconds": round(cpu, 1),
            "rss_gib": round(rss, 2)}
     if code != 0:

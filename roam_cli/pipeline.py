@@ -185,15 +185,24 @@ def plan_recomputed(imported: Imported, mm: memory.MemoryModel, model_path: Path
 
     say("planning the model as it is")
     if options.recompute == "free":
-        # only the figures of the plan without recomputation are kept: with cores to spare, it is
-        # made beside the recomputing plan (a third of a 70B-class step's planning time)
+        # the plan without recomputation: with cores to spare, made beside the recomputing plan (a
+        # third of a 70B-class step's planning time)
         kept_options = share(2)
-        with beside(lambda: graph_figures(plan_model(imported, mm, model_path, plan_path, kept_options,
-                                                     dict(seconds), lambda _m: None).plan),
-                    options.jobs > 1) as before:
+        with beside(lambda: plan_model(imported, mm, model_path, plan_path, kept_options, dict(seconds),
+                                       lambda _m: None).plan, options.jobs > 1) as before:
             choice = recompute.free(imported.graph, mm, options.device)
             result = plan_choice(imported, mm, choice, model_path, plan_path, share(1), seconds, say)
-            before_figures = before()
+            kept = before()
+        before_figures = graph_figures(kept)
+        if plan_io.needed_bytes(kept) < plan_io.needed_bytes(result.plan):
+            # fewer bytes kept across the boundary, but the backward's own peak is the plan's: never
+            # worse than the plan as it is
+            more = plan_io.needed_bytes(result.plan) - plan_io.needed_bytes(kept)
+            kept["recompute"] = recompute.apply(imported, mm, recompute.keep_all(imported.graph, mm, options.device),
+                                                options.recompute)[1]
+            result = Result(kept, imported, mm, imported.notes + mm.notes + [
+                f"recomputing {len(choice.copied)} nodes would need {more} bytes more than the plan without "
+                "recomputation, which is this plan"], model_path)
     else:
         # searched to its end: when it fits, it is the plan, and the same as optimize's without --recompute
         kept = plan_model(imported, mm, model_path, plan_path, share(2), dict(seconds), say)

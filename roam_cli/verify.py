@@ -20,10 +20,13 @@ from dataclasses import dataclass
 
 from roam_cli import pair
 from roam_cli.core.errors import CheckFailed
-from roam_cli.core.graph import Graph, Node
+from roam_cli.core.graph import Graph, Node, element_size
 
 # Ops whose output may share its input's storage (the planners' list is not imported on purpose).
 VIEWS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
+# Elementwise ops whose output a runtime may place over an input of the output's shape (plan field
+# `written_over`): their kernels read element i of every input before writing element i.
+WRITTEN_OVER = {"Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Reciprocal", "Abs", "Exp", "Log"}
 # How a plan may recompute a Dropout's output: ONNX Runtime's DropoutGrad on its input and mask.
 DROPOUT_REPLAY = ("com.microsoft", "DropoutGrad")
 STANDARD_REPLAY = {("", "Sub"), ("", "Where"), ("", "Div")}  # a Dropout's replay in standard ONNX
@@ -163,6 +166,8 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
             if t["kind"] == "view" and (node.op_type not in VIEWS or root(node.inputs[0]) != r):
                 raise Violation(f"{name!r} is marked a view of {t['alias_of']!r}, but {node.op_type} "
                                 f"node {node.name!r} does not make views")
+            if "written_over" in t:
+                check_written_over(graph, name, t, node, [x for x in node.inputs if x in tensors and root(x) == r])
         elif t["offset"] is None:
             if t["kind"] not in PERSISTENT:
                 raise Violation(f"transient tensor {name!r} has no offset")
@@ -257,6 +262,26 @@ def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
         summary.slow = {"tier": tiers.slow, "placed": len(placed[tiers.slow]), "arena_bytes": stated[tiers.slow][0],
                         "peak_live_bytes": peaks[tiers.slow], "transfers": len(tiers.transfers)}
     return summary
+
+
+def check_written_over(graph: Graph, name: str, t: dict, node: Node, same_storage: list[str]) -> None:
+    """An output placed over an input of its node: an elementwise op's, over an input of the
+    output's shape and element size in the same storage, no name of which the node reads
+    broadcast (it would read elements it has written). That nothing reads the input afterwards is
+    the in-place rule's check."""
+    over = t["written_over"]
+    where = f"{name!r} is written over {over!r}"
+    if t["kind"] != "inplace" or node.domain not in ("", "ai.onnx") or node.op_type not in WRITTEN_OVER:
+        raise Violation(f"{where}, but {node.op_type} node {node.name!r} does not write elementwise over an input")
+    if over not in same_storage:
+        raise Violation(f"{where}, which is not an input of node {node.name!r} in the storage it shares")
+    out = graph.values[name]
+    a = graph.values[over]
+    if a.shape != out.shape or element_size(a.dtype) != element_size(out.dtype):
+        raise Violation(f"{where}, but their shapes or element sizes differ ({a.shape} vs {out.shape})")
+    broadcast = next((x for x in same_storage if graph.values[x].shape != out.shape), None)
+    if broadcast is not None:
+        raise Violation(f"{where}, but node {node.name!r} also reads {broadcast!r} of that storage broadcast")
 
 
 def peak_live(placed: list[tuple[int, int, int, int, str]], last: int) -> int:

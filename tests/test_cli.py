@@ -92,6 +92,35 @@ def test_verify_rejects_overlap_and_lies(sample_plan, tmp_path):
     assert r.code == 1 and "is used over" in r.err
 
 
+def test_verify_checks_an_output_written_over_an_input(tmp_path):
+    # a = Relu(x); b = Neg(a), a's only reader: b is written over a. c = MatMul(b, w).
+    m = model([node("Relu", ["x"], ["a"]), node("Neg", ["a"], ["b"]), node("MatMul", ["b", "w"], ["c"])],
+              [("x", [16, 16])], [("c", [16, 16])], initializers={"w": np.eye(16, dtype=np.float32)})
+    path = save(m, tmp_path / "m.onnx")
+    assert roam("optimize", path, "-o", tmp_path / "plan.json").code == 0
+    plan = json.loads((tmp_path / "plan.json").read_text())
+    b = next(t for t in plan["tensors"] if t["name"] == "b")
+    assert b["written_over"] == "a" and b["alias_of"] == "a" and b["offset"] is None
+    assert roam("verify", path, tmp_path / "plan.json").code == 0
+
+    def refused(edit, says: str):
+        forged = copy.deepcopy(plan)
+        edit({t["name"]: t for t in forged["tensors"]})
+        (tmp_path / "forged.json").write_text(json.dumps(forged))
+        r = roam("verify", path, tmp_path / "forged.json")
+        assert r.code == 1 and says in r.err and len(r.err.strip().splitlines()) == 1, r.err
+
+    def matmul_over_b(t):  # MatMul writes its output from all of a row: not over its input
+        t["c"] |= {"alias_of": "a", "written_over": "b", "kind": "inplace", "offset": None}
+
+    refused(matmul_over_b, "does not write elementwise over an input")
+
+    def over_w(t):  # w is not in the storage b shares
+        t["b"]["written_over"] = "w"
+
+    refused(over_w, "not an input of node")
+
+
 def test_unnamed_nodes_get_stable_names_and_the_plan_names_the_annotated_model(tmp_path):
     m = model([node("Relu", ["x"], ["a"], name=""), node("Relu", ["a"], ["b"], name="")], [("x", [8])], [("b", [8])])
     path = save(m, tmp_path / "m.onnx")

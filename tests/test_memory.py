@@ -78,30 +78,36 @@ def test_in_place_kernel_only_where_onnx_runtime_would(tmp_path):
     assert not {"r1", "r2", "c", "o"} & set(mm.alias)
 
 
-def test_in_place_kernel_where_the_order_runs_it_last_among_its_input_s_readers(tmp_path):
-    # a = Add(x, x), read by n = Neg(a) and s = Softmax(a); y = Add(n, s). In any order a has two
-    # readers: without an order, s gets a buffer of its own. In the order a, n, s, y, Softmax reads
-    # a last, and ONNX Runtime writes s into it: a's one buffer lives from step 0 to y at step 3,
-    # the peak three buffers at step 3 (a, n, y). In the order a, s, n, y, Neg reads a later: none.
-    m = model([node("Add", ["x", "x"], ["a"]), node("Neg", ["a"], ["n"]), node("Softmax", ["a"], ["s"]),
+def test_in_place_kernel_where_the_file_or_the_order_runs_it_last_among_its_input_s_readers(tmp_path):
+    # a = Add(x, x), read by n = Erf(a) and s = Softmax(a); y = Add(n, s). The file has Erf first:
+    # Softmax reads a last, and ONNX Runtime writes s into it; the model makes Erf run first in
+    # every order (an edge), so a's one buffer lives from step 0 to y at step 3, the peak three
+    # buffers at step 3 (a, n, y).
+    m = model([node("Add", ["x", "x"], ["a"]), node("Erf", ["a"], ["n"]), node("Softmax", ["a"], ["s"]),
+               node("Add", ["n", "s"], ["y"])], [("x", [256])], [("y", [256])])
+    graph, mm, spans = plan_of(tmp_path, m)
+    assert mm.storage_of["s"] == "a" and mm.kind["s"] == "inplace" and len(mm.storages) == 3
+    assert (1, 2) in mm.extra_deps
+    assert spans == {"a": (0, 3), "n": (1, 3), "y": (3, 3)}
+    assert memory.peak_live(mm, list(spans.values())) == (3 * KB, 3)
+    # With Softmax first in the file, Erf (no in-place kernel of ORT's, none of roam's) reads a last:
+    # no join, until an order runs Softmax last, as ORT's planner then sees it
+    m = model([node("Add", ["x", "x"], ["a"]), node("Softmax", ["a"], ["s"]), node("Erf", ["a"], ["n"]),
                node("Add", ["n", "s"], ["y"])], [("x", [256])], [("y", [256])])
     graph, mm, _ = plan_of(tmp_path, m)
     assert "s" not in mm.alias and len(mm.storages) == 4
-    ran = memory.build(graph, 256, order=[0, 1, 2, 3])
-    assert ran.storage_of["s"] == "a" and ran.kind["s"] == "inplace" and len(ran.storages) == 3
-    spans = dict(zip((s.root for s in ran.storages), memory.lifetimes(ran, [0, 1, 2, 3])))
-    assert spans == {"a": (0, 3), "n": (1, 3), "y": (3, 3)}
-    assert memory.peak_live(ran, list(spans.values())) == (3 * KB, 3)
-    assert "s" not in memory.build(graph, 256, order=[0, 2, 1, 3]).alias
+    ran = memory.build(graph, 256, order=[0, 2, 1, 3])
+    assert ran.storage_of["s"] == "a" and len(ran.storages) == 3
     # what the planner checks before building again for its order: the joins the order adds
-    assert memory.kernel_joins(graph, None, [0, 1, 2, 3]) == {"s": "a"}
-    assert memory.kernel_joins(graph, None, [0, 2, 1, 3]) == memory.kernel_joins(graph, None, None) == {}
+    assert memory.kernel_joins(graph, None, [0, 2, 1, 3]) == {"s": "a"}
+    assert memory.kernel_joins(graph, None, [0, 1, 2, 3]) == memory.kernel_joins(graph, None, None) == {}
 
 
 def test_size_lives_from_where_onnx_runtime_runs_it(tmp_path):
-    # a = -x; b = -a; c = -b; s = Size(a); f = float(s); y = c * f, written with Size late. ORT runs
-    # Size right after a's producer (order [0, 3, 1, 2, 4, 5]): s is 8 bytes (256 aligned), f 4 (256)
-    m = model([node("Neg", ["x"], ["a"]), node("Neg", ["a"], ["b"]), node("Neg", ["b"], ["c"]),
+    # a = erf(x); b = erf(a); c = erf(b); s = Size(a); f = float(s); y = c * f, written with Size
+    # late. ORT runs Size right after a's producer (order [0, 3, 1, 2, 4, 5]): s is 8 bytes (256
+    # aligned), f 4 (256). (Erf: no kernel writes over its input here.)
+    m = model([node("Erf", ["x"], ["a"]), node("Erf", ["a"], ["b"]), node("Erf", ["b"], ["c"]),
                node("Size", ["a"], ["s"]), node("Cast", ["s"], ["f"], to=1), node("Mul", ["c", "f"], ["y"])],
               [("x", [256])], [("y", [256])])
     graph, mm, spans = plan_of(tmp_path, m)
@@ -148,7 +154,8 @@ def test_in_place_write_runs_after_every_reader_of_the_old_value(tmp_path):
 
 def test_declared_update_chain_writes_state_in_place(tmp_path):
     # SGD with momentum, as a full-step graph would write it:
-    #   m.out = Add(Mul(m, 0.9), g)      (update_temp, then written into m)
+    #   m.out = Add(Mul(m, 0.9), g)      (Mul, m's last reader: written over m, whose new value
+    #                                     the Add writes there anyway)
     #   w.out = Sub(w, Mul(m.out, lr))   (written into w)
     m = model([node("Mul", ["x", "w"], ["y"]), node("Mul", ["x", "y"], ["w_grad"]),
                node("Mul", ["m", "beta"], ["mb"]), node("Add", ["mb", "w_grad"], ["m.out"]),
@@ -159,10 +166,50 @@ def test_declared_update_chain_writes_state_in_place(tmp_path):
     graph, mm, spans = plan_of(tmp_path, m)
     assert mm.persistent["w"] == "parameter" and mm.persistent["m"] == "optimizer_state"
     assert mm.storage_of["m.out"] == "m" and mm.storage_of["w.out"] == "w"
-    assert set(spans) == {"y", "w_grad", "mb", "step"}  # no transient bytes for the updated state
-    assert mm.kind["mb"] == "update_temp" and mm.kind["step"] == "update_temp"
+    assert set(spans) == {"y", "w_grad", "step"}  # no transient bytes for the updated state
+    assert mm.storage_of["mb"] == "m" and mm.written_over == {"mb": "m"}
+    assert mm.kind["mb"] == "inplace" and mm.kind["step"] == "update_temp"
     # the forward Mul reads w's old value: it must run before Sub overwrites w
     assert (0, 5) in mm.extra_deps
+
+
+def adamw_moments():
+    # g = x * x stands in for a gradient; each moment updated as AdamW writes it:
+    #   a = m * b1, b = g * c1, m.out = a + b;  gg = g * g, d = gg * c2, e = v * b2, v.out = e + d
+    return model([node("Mul", ["x", "x"], ["g"]), node("Mul", ["m", "b1"], ["a"]), node("Mul", ["g", "c1"], ["b"]),
+                  node("Add", ["a", "b"], ["m.out"]), node("Mul", ["g", "g"], ["gg"]), node("Mul", ["gg", "c2"], ["d"]),
+                  node("Mul", ["v", "b2"], ["e"]), node("Add", ["e", "d"], ["v.out"])],
+                 [("x", [256]), ("m", [256]), ("v", [256])], [("m.out", [256]), ("v.out", [256])],
+                 initializers={k: np.float32(0.5) for k in ("b1", "c1", "c2", "b2")})
+
+
+def test_an_elementwise_output_is_written_over_an_input_nothing_reads_afterwards(tmp_path):
+    # a over m and e over v (their only readers, and the step writes the moments' new values there
+    # anyway), d over gg (its only reader). g has two readers, b and gg, neither the other's
+    # ancestor: gg, the later in the file, is written over g, and b must now run before it (an edge
+    # the model adds). So two transient storages of 1 KiB where there were six: g with gg and d
+    # (0..7), b (2..3).
+    graph, mm, spans = plan_of(tmp_path, adamw_moments())
+    assert mm.written_over == {"a": "m", "gg": "g", "d": "gg", "e": "v"}
+    assert mm.storage_of["a"] == "m" and mm.storage_of["e"] == "v" and mm.storage_of["d"] == "g"
+    assert (2, 4) in mm.extra_deps and 2 in mm.preds[4]
+    assert spans == {"g": (0, 7), "b": (2, 3)}
+    assert memory.peak_live(mm, list(spans.values())) == (2 * KB, 2)
+    # no order changes them: the order search counts the storages of the plan it makes
+    assert memory.kernel_joins(graph, None, [0, 1, 2, 3, 4, 5, 6, 7]) == mm.kernel_joins
+
+
+def test_an_input_read_broadcast_or_later_or_of_another_size_keeps_its_storage(tmp_path):
+    # s = Sqrt(x) [4, 256]; r = ReduceMean(s) [4, 1]; y = s / r: over s (r, s's other reader, is
+    # y's ancestor), not over r (another shape). h = Cast(y) to float16 (an output): another element
+    # size. q = y * y: over y, the Cast before it in the file. z = w + q: not over w, a graph input,
+    # but over q. o = -z: an output keeps a storage of its own.
+    m = model([node("Sqrt", ["x"], ["s"]), node("ReduceMean", ["s"], ["r"], axes=[1], keepdims=1),
+               node("Div", ["s", "r"], ["y"]), node("Cast", ["y"], ["h"], to=10), node("Mul", ["y", "y"], ["q"]),
+               node("Add", ["w", "q"], ["z"]), node("Neg", ["z"], ["o"])],
+              [("x", [4, 256]), ("w", [4, 256])], [("h", [4, 256], 10), ("o", [4, 256])])
+    _, mm, _ = plan_of(tmp_path, m)
+    assert mm.written_over == {"y": "s", "q": "y", "z": "q"}
 
 
 def test_pairs_from_metadata(tmp_path):

@@ -28,7 +28,7 @@ SECOND_PER_NODE = Profile(
 
 
 def fetching_graph(a: int, c: int) -> Graph:
-    """x -> p:Neg -> a -> m1:Neg -> b -> m2:Neg -> c -> use:Add(c, h_dev) -> y, where h (256
+    """x -> p:Neg -> a -> m1:Erf -> b -> m2:ReduceMax -> c -> use:Add(c, h_dev) -> y, where h (256
     bytes, kept on the host) comes to the device by the transfer t. a and b are `a` bytes, c and y
     `c` bytes (float32 elements x 4)."""
     f = TensorProto.FLOAT
@@ -36,7 +36,7 @@ def fetching_graph(a: int, c: int) -> Graph:
               "c": Value("c", f, (c // 4,)), "y": Value("y", f, (c // 4,)), "h": Value("h", f, (64,)),
               "h_dev": Value("h_dev", f, (64,)), "s": Value("s", TensorProto.INT64, (0,))}
     nodes = [Node("p", "Neg", "", ("x",), ("a",)), Node("t", "Expand", "", ("h", "s"), ("h_dev",)),
-             Node("m1", "Abs", "", ("a",), ("b",)), Node("m2", "ReduceMax", "", ("b",), ("c",)),
+             Node("m1", "Erf", "", ("a",), ("b",)), Node("m2", "ReduceMax", "", ("b",), ("c",)),
              Node("use", "Add", "", ("c", "h_dev"), ("y",))]
     tiers = {"tier": "host", "transfers": {"t": "to_device"}, "host_nodes": [], "homes": ["h"]}
     return Graph(nodes, values, ["x"], ["h", "s"], ["y"], metadata={memory.TIERS_KEY: json.dumps(tiers)})

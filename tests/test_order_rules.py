@@ -43,8 +43,8 @@ def test_after_rule_runs_views_and_in_place_writers_right_after_their_inputs():
     # p = f(x); a = g(p) frees p; v = Identity(a) (a view); b = h(x); w.out = Add(w, v) writes the
     # state w in place. The view and the in-place writer allocate nothing: "after" removes them.
     # p only allocates (x is an input): "before" folds it into a.
-    g = graph([Node("p", "Relu", "", ("x",), ("p",)), Node("a", "Mul", "", ("p",), ("a",)),
-               Node("v", "Identity", "", ("a",), ("v",)), Node("b", "Mul", "", ("x",), ("b",)),
+    g = graph([Node("p", "Relu", "", ("x",), ("p",)), Node("a", "Erf", "", ("p",), ("a",)),
+               Node("v", "Identity", "", ("a",), ("v",)), Node("b", "Erf", "", ("x",), ("b",)),
                Node("upd", "Add", "", ("w", "v"), ("w.out",))],
               {"x": 256, "p": 256, "a": 256, "v": 256, "b": 256, "w": 256, "w.out": 256}, ["x", "w"], ["w.out", "b"])
     red = rules.reduce(from_memory_model(memory.build(g)))

@@ -115,10 +115,11 @@ def test_a_matmul_output_is_kept_and_its_relu_recomputed_from_it(tmp_path):
 
 
 def test_the_same_bytes_either_way_copies_nothing(tmp_path):
-    """The backward reads only b = Exp(a): keeping b or keeping a (and copying the Exp) both keep
-    B bytes; the tie goes to fewer FLOPs: keep b, copy nothing. (Not Relu: ONNX Runtime writes a
-    Relu that is a's only reader into a's storage, which leaves one storage and no choice.)"""
-    imported, mm = load(tmp_path, matmul_relu(["b"], act="Exp"))
+    """The backward reads only b = Erf(a): keeping b or keeping a (and copying the Erf) both keep
+    B bytes; the tie goes to fewer FLOPs: keep b, copy nothing. (Not Relu or Exp: ONNX Runtime
+    writes a Relu that is a's only reader into a's storage, and roam an Exp, which leaves one
+    storage and no choice.)"""
+    imported, mm = load(tmp_path, matmul_relu(["b"], act="Erf"))
     choice = recompute.free(imported.graph, mm)
     assert choice.kept == {"b"} and choice.copied == ()
     assert choice.kept_bytes == B and choice.flops == 0
@@ -280,15 +281,17 @@ def test_a_replayed_dropout_output_is_the_forward_s_bit_for_bit(tmp_path, form):
 # --- the CLI end to end ------------------------------------------------------------------------
 
 def three_exps(tmp_path):
-    """e_i = Exp(W_i) (B bytes each), loss = sum(e1 * e2 * e3); the backward reads each e_i with
-    the loss: W_i_grad = sum(e_i * loss). As it is, e1, e2 and e3 stay live through the whole
-    forward: at m = m12 * e3 five tensors of B are live. Recomputing each e_i in the backward,
-    the forward holds at most three (e1, e2, m12; then m12, e3, m) and the backward two."""
+    """e_i = Exp(W_i) (B bytes each), loss = sum(max(e1, e2, e3)); the backward reads each e_i
+    with the loss: W_i_grad = sum(max(e_i, loss)). As it is, e1, e2 and e3 stay live through the
+    whole forward: at m = max(m12, e3) five tensors of B are live. Recomputing each e_i in the
+    backward, the forward holds at most three (e1, e2, m12; then m12, e3, m) and the backward
+    two. (Max, not Mul: roam would place m over m12 and t_i over e_i, whose other readers run
+    before them in every order, and leave fewer storages to count.)"""
     nodes = [node("Exp", [f"W{i}"], [f"e{i}"]) for i in (1, 2, 3)]
-    nodes += [node("Mul", ["e1", "e2"], ["m12"]), node("Mul", ["m12", "e3"], ["m"]),
+    nodes += [node("Max", ["e1", "e2"], ["m12"]), node("Max", ["m12", "e3"], ["m"]),
               node("ReduceSum", ["m"], ["loss"], keepdims=0)]
     for i in (1, 2, 3):
-        nodes += [node("Mul", [f"e{i}", "loss"], [f"t{i}"]), node("ReduceSum", [f"t{i}"], [f"W{i}_grad"], keepdims=0)]
+        nodes += [node("Max", [f"e{i}", "loss"], [f"t{i}"]), node("ReduceSum", [f"t{i}"], [f"W{i}_grad"], keepdims=0)]
     m = model(nodes, [(f"W{i}", [N]) for i in (1, 2, 3)], [("loss", [])] + [(f"W{i}_grad", []) for i in (1, 2, 3)])
     return save(m, tmp_path / "three_exps.onnx")
 

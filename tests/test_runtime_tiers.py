@@ -37,8 +37,12 @@ def tiered(tmp_path_factory):
 
 
 def slow_placed(plan: dict) -> int:
-    """The tensors the plan places in its slow tier's arena (persistent ones there have no offset)."""
-    return sum(t.get("tier") is not None and t["offset"] is not None and "alias_of" not in t for t in plan["tensors"])
+    """The tensors the plan places in its slow tier's arena (persistent ones there have no offset),
+    and those written over one of them (ORT requests them too)."""
+    named = {t["name"]: t for t in plan["tensors"]}
+    return sum(t.get("tier") is not None and (t["offset"] is not None and "alias_of" not in t or "written_over" in t
+                                               and named[t["alias_of"]]["offset"] is not None)
+               for t in plan["tensors"])
 
 
 def test_a_tiered_plan_trains_in_two_pools_of_the_plans_sizes_as_plain_ort_does(tiered):

@@ -29,10 +29,11 @@ W = np.linspace(-1, 1, 64, dtype=np.float32).reshape(1, 64)
 @pytest.fixture(scope="module")
 def hand(tmp_path_factory):
     """x, w [1, 64] (256 bytes each, the alignment; w a graph input, as a full step's weights are) -> h = x * w -> a = Relu(h) -> loss = sum(a):
-    the forward; d = h * w, y = d + a: the backward (h and a read after the forward)."""
+    the forward; d = max(h, w), y = d + a: the backward (h and a read after the forward). (Max, not
+    Mul: roam would write d over what the backward reads last, and leave a storage fewer to count.)"""
     m = model([node("Mul", ["x", "w"], ["h"]), node("Relu", ["h"], ["a"]),
                node("ReduceSum", ["a"], ["loss"], keepdims=0),
-               node("Mul", ["h", "w"], ["d"]), node("Add", ["d", "a"], ["y"])],
+               node("Max", ["h", "w"], ["d"]), node("Add", ["d", "a"], ["y"])],
               [("x", [1, 64]), ("w", [1, 64])], [("loss", []), ("y", [1, 64])])
     imported = import_model(save(m, tmp_path_factory.mktemp("hand") / "hand.onnx"), {}, False)
     mm = memory.build(imported.graph)

@@ -138,6 +138,10 @@ def test_the_sample_trains_in_the_plans_arena_as_plain_ort_does(sample_step):
     losses = [s["outputs"]["loss"] for s in result["per_step"]]
     assert all(np.isfinite(losses)) and losses[-1] < losses[0]  # it learns
     assert result["compare"]["outputs_max_rel"] <= 1e-5 and result["compare"]["state_max_rel"] <= 1e-5
+    # m * beta1 and v * beta2 of each parameter's AdamW are written over its moments, whose new
+    # values the step writes there anyway: served in the moments' own buffers, two per parameter
+    parameters = sum(t["kind"] == "parameter" for t in plan["tensors"])
+    assert layout["in_state_buffers"] == 2 * parameters > 0
 
 
 def test_inputs_give_the_starting_state_and_one_batch_per_step(sample_step, tmp_path):

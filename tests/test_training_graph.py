@@ -268,8 +268,12 @@ def test_cli_full_step_from_a_training_graph_plans_with_states_in_place(tmp_path
     assert by_kind["optimizer_state"] == 2 * param_bytes + 256  # two moments per parameter, and step
     assert "gradient_buffer" not in by_kind
     persistent = {t["name"] for t in plan["tensors"] if t["offset"] is None and "alias_of" not in t}
-    updates = [t for t in plan["tensors"] if t.get("alias_of") in persistent and t["kind"] == "inplace"]
+    updates = [t for t in plan["tensors"] if t.get("alias_of") in persistent and t["kind"] == "inplace"
+               and "written_over" not in t]
     assert len(updates) == 1 + 3 * 28  # every update writes into its state
+    # and m * beta1, v * beta2 of each parameter's AdamW are written over its moments
+    over_states = [t for t in plan["tensors"] if t.get("alias_of") in persistent and "written_over" in t]
+    assert len(over_states) == 2 * 28
 
 
 def test_cli_refuses_a_training_graph_without_in_graph_optimizer_and_writes_nothing(tmp_path):

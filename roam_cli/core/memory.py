@@ -42,6 +42,19 @@ INPLACE_OPS = {
 MAY_OVERWRITE = {("", op): (0, 0) for op in (
     "Elu", "HardSigmoid", "LeakyRelu", "Relu", "Selu", "Sigmoid", "Softplus", "Softsign", "Tanh",
     "ThresholdedRelu", "Softmax", "LogSoftmax", "Cast", "Scatter", "ScatterElements")}
+# Elementwise ops whose output roam's allocator may place over one of their inputs (plan field
+# `written_over`): ONNX Runtime's kernels for them read element i of every input before they write
+# element i of the output (on the CPU, Eigen and MLAS loops over disjoint ranges; on CUDA, a thread
+# per element), so an input of the output's shape and element size whose contents nothing reads
+# afterwards can hold the output. ORT does not reuse the input itself (the kernels declare no
+# MayInplace): it requests the output, and roam's allocator answers at the input's place — the
+# state's own buffer where the input is a state whose new value the step writes there anyway (a
+# functional step's donated moments: one parameter's AdamW then holds one temporary, not two).
+# Kernels that write their output before they have read all of their input (QuickGelu writes the
+# sigmoid, then multiplies) are not here.
+WRITE_OVER_OPS = frozenset(("", op) for op in (
+    "Add", "Sub", "Mul", "Div", "Pow", "Sqrt", "Neg", "Reciprocal", "Abs", "Exp", "Log"))
+ANCESTOR_SEARCH = 256  # nodes a written-over join's check that its input's other readers come first visits
 # Ops ONNX Runtime runs as soon as their input exists: its priority-based order, the one that runs a
 # plan's order, takes them first among the nodes ready to run (PriorityNodeCompare in
 # onnxruntime/core/graph/graph_viewer.cc; profiled on 1.19 and 1.32): right after the node producing
@@ -103,8 +116,14 @@ class MemoryModel:
     # Shape/Size nodes ORT runs right after the node producing their input (EAGER_OPS): node ->
     # that producer, or None where the input is a graph input (they run at the start)
     eager: dict[int, int | None] = field(default_factory=dict)
-    # kernel outputs written into their input (ONNX Runtime's in-place kernels, as `order` let them)
+    # kernel outputs written into their input (ONNX Runtime's in-place kernels and WRITE_OVER_OPS,
+    # as `order` let them): output -> input
     kernel_joins: dict[str, str] = field(default_factory=dict)
+    # those of them roam's allocator places (WRITE_OVER_OPS: ORT requests them): output -> input
+    written_over: dict[str, str] = field(default_factory=dict)
+    # per node: `preds` without the edges the joins added (another reader of a joined input first):
+    # what an order ONNX Runtime makes itself respects, the data edges and the in-place updates'
+    run_preds: list[tuple[int, ...]] = field(default_factory=list)
 
     @property
     def persistent_bytes(self) -> int:
@@ -170,12 +189,12 @@ def declared_pairs(graph: Graph, extra: dict[str, str]) -> dict[str, str]:
     return pairs
 
 
-def sharing(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None = None):
-    """Which names share storage: (storage_of, alias, writes_into, pairs, find, overwritten) —
-    name -> the name whose storage it uses, each such name's kind of sharing, node -> the state it
+def sharing(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None = None, write_over: bool = True):
+    """Which names share storage: (storage_of, alias, writes_into, pairs, find, joins) — name ->
+    the name whose storage it uses, each such name's kind of sharing, node -> the state it
     overwrites in place, the declared update pairs, find(name) -> (its storage's root, the links to
-    it), and the kernel outputs written into their input where `order` lets ONNX Runtime (all that
-    `order` changes in a memory model: kernel_joins)."""
+    it), and the kernel outputs written into their input where `order` lets them (all that `order`
+    changes in a memory model: `Joins`)."""
     nodes = graph.nodes
     storage_of: dict[str, str] = {}
     alias: dict[str, str] = {}
@@ -221,22 +240,24 @@ def sharing(graph: Graph, inplace: dict[str, str] | None, order: list[int] | Non
         storage_of[r] = state
         alias[r] = "inplace"
         writes_into.setdefault(graph.producer[r], []).append(state)
-    overwritten = kernels_in_place(graph, storage_of, find, folded_values(graph), order)  # joined as found
-    alias.update(dict.fromkeys(overwritten, "inplace"))
-    return storage_of, alias, writes_into, pairs, find, overwritten
+    joins = kernels_in_place(graph, storage_of, find, folded_values(graph), pairs, order, write_over)  # joined as found
+    alias.update(dict.fromkeys(joins.all, "inplace"))
+    return storage_of, alias, writes_into, pairs, find, joins
 
 
 def kernel_joins(graph: Graph, inplace: dict[str, str] | None, order: list[int] | None) -> dict[str, str]:
-    """The kernel outputs ONNX Runtime writes into their input when the graph runs in `order`:
-    where they are a memory model's `kernel_joins`, build(..., order) is that model (a 405B-class
-    step's memory model takes seconds; this, a fraction of them)."""
-    return sharing(graph, inplace, order)[5]
+    """The kernel outputs written into their input when the graph runs in `order`: where they are
+    a memory model's `kernel_joins`, build(..., order) is that model (a 405B-class step's memory
+    model takes seconds; this, a fraction of them)."""
+    return sharing(graph, inplace, order)[5].all
 
 
 def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = None,
-          loss: str | None = None, order: list[int] | None = None) -> MemoryModel:
+          loss: str | None = None, order: list[int] | None = None, write_over: bool = True) -> MemoryModel:
     """The memory model of `graph`. With `order` (node indices, the order it runs in), ONNX
-    Runtime's in-place kernels are joined where that order lets them (see kernels_in_place)."""
+    Runtime's in-place kernels are joined where that order lets them (see kernels_in_place);
+    `write_over`: outputs are written over inputs (WRITE_OVER_OPS), unless the order that needs
+    would contradict the in-place writers' (then none are)."""
     if alignment <= 0:
         raise RoamError(f"--alignment must be positive, got {alignment}")
     nodes = graph.nodes
@@ -247,7 +268,7 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
                         "64-bit size can hold")
 
     # --- storage sharing: views, in-place ops, declared update pairs, in-place kernels ----------
-    storage_of, alias, writes_into, pairs, find, overwritten = sharing(graph, inplace, order)
+    storage_of, alias, writes_into, pairs, find, joins = sharing(graph, inplace, order, write_over)
 
     def root(name: str) -> str:
         return find(name)[0]
@@ -255,8 +276,9 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
     folded = folded_values(graph)
     if pairs:
         notes.append(f"{len(pairs)} graph outputs update state in place")
-    if overwritten:
-        notes.append(f"{len(overwritten)} kernel outputs written into their input (ONNX Runtime's in-place kernels)")
+    if joins.all:
+        notes.append(f"{len(joins.all)} kernel outputs written into their input ({len(joins.all) - len(joins.served)} "
+                     f"by ONNX Runtime's in-place kernels, {len(joins.served)} placed there by roam)")
 
     # --- persistent classes -----------------------------------------------------------------
     state_names = list(graph.inputs) + list(graph.initializers) + sorted(graph.constants)
@@ -339,12 +361,18 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
         preds[i].update(graph.producer[x] for x in n.inputs if x in graph.producer)
     for a, b in extra_deps:
         preds[b].add(a)
+    run_preds = [tuple(sorted(p)) for p in preds]
+    extra_deps += joins.deps
+    for a, b in joins.deps:
+        preds[b].add(a)
+    if joins.deps and stuck(preds) is not None:
+        return build(graph, alignment, inplace, loss, order, write_over=False)
     check_acyclic(graph, preds)
     eager = {i: graph.producer.get(n.inputs[0]) for i, n in enumerate(nodes)
              if (n.domain, n.op_type) in EAGER_OPS and n.inputs and n.inputs[0] not in folded}
     return MemoryModel(alignment, len(nodes), tensor_bytes, kind, {n: root(n) for n in graph.values},
                        alias, persistent, storages, node_class, extra_deps,
-                       [tuple(sorted(p)) for p in preds], notes, tiers, eager, overwritten)
+                       [tuple(sorted(p)) for p in preds], notes, tiers, eager, joins.all, joins.served, run_preds)
 
 
 def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
@@ -372,60 +400,134 @@ def read_tiers(graph: Graph, persistent: dict[str, str]) -> Tiers | None:
                  frozenset(homes))
 
 
-def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set[str],
-                     order: list[int] | None = None) -> dict[str, str]:
-    """Output -> input of the kernels that write their output into their input (MAY_OVERWRITE),
-    where ONNX Runtime's planner would: the node reads the input's storage last and once. Without
-    `order`, in any order: it is the only reader of the storage, apart from the views and in-place
-    writers that made the name it reads (they run before it). With `order`, the one the step runs
-    in: every other reader runs before it (ORT counts the uses left when the node runs, so a
-    recomputing copy, which reads a saved value after the forward's reader, writes into it). The
-    storage is a node's transient output and holds no graph output nor a value ORT folds from
-    constants (`folded`); input and output have the same shape and element size. Nodes are taken in the
-    order they run, so a chain (Add -> Relu -> Tanh) joins one storage step by step. `find(name)`:
-    (the root of name's storage, the links of storage_of from name to it)."""
+@dataclass
+class Joins:
+    """Kernel outputs written into an input: `all` (output -> input), and `served`, those of them
+    roam's allocator places (WRITE_OVER_OPS), the rest ONNX Runtime's own in-place kernels; `deps`,
+    (a, b): node a must run before node b, which writes over what a reads."""
+    all: dict[str, str] = field(default_factory=dict)
+    served: dict[str, str] = field(default_factory=dict)
+    deps: list[tuple[int, int]] = field(default_factory=list)
+
+
+def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set[str], pairs: dict[str, str],
+                     order: list[int] | None = None, write_over: bool = True) -> Joins:
+    """The kernel outputs written into an input. ONNX Runtime's in-place kernels (MAY_OVERWRITE)
+    write output 0 into input 0 where its planner would: the node reads the input's storage once,
+    and last (ORT counts the uses left when the node runs, so a recomputing copy, which reads a
+    saved value after the forward's reader, writes into it). WRITE_OVER_OPS (with `write_over`)
+    write output 0 over any input of its shape that they read last. Last: the input's other
+    readers come before the node in the file (a topological order), and from now on before it in
+    every order (`deps`, where they are not its ancestors already): the joins are the model's own,
+    so the order search counts what they save and its bound holds for the plan it makes. With
+    `order`, ORT's kernels are also joined where that order runs them last (ORT's planner follows
+    the order the step runs in). The storage is a node's transient output holding no graph output nor a value ORT folds
+    from constants (`folded`), or, for WRITE_OVER_OPS, a state the step writes its new value into
+    (`pairs`: output -> state), whose old value is then the input's, and whose writer reads the
+    output. Input and output have the same shape and element size. Nodes are taken in the file's
+    order, then, for what `order` adds, in `order`, so a chain (Add -> Relu -> Tanh) joins one
+    storage step by step. `find(name)`: (the root of name's storage, the links of storage_of from
+    name to it)."""
     outputs = set(graph.outputs)
-    running = order if order is not None else range(len(graph.nodes))
-    pos = {i: k for k, i in enumerate(running)}
-    # Per storage root, over the names in it: whether one is a graph output, how many nodes read
-    # one, and where the last of them runs. A join adds the output's storage to the input's, whose
-    # readers are disjoint (the output's come after the node; the input's, where it may join, are
-    # the node and nodes before it): the figures add up, and no storage's names are walked again.
+    pos: dict[int, int] = {}
+    aliases_of: dict[str, list[str]] = {}
+    for name, target in storage_of.items():
+        aliases_of.setdefault(target, []).append(name)
+    # a donated state's new value: its names are read after its writer, so they are not the input's
+    writer: dict[str, int] = {}  # donated state root -> the node writing its new value
+    new_value: set[str] = set()
+    for out, state in pairs.items():
+        made = out
+        while made in storage_of and storage_of[made] != state:
+            made = storage_of[made]  # the writer's own output, which the pair joined to the state
+        if made in graph.producer:
+            writer[find(state)[0]] = graph.producer[made]
+            new_value |= names_derived((made,), aliases_of)
+    # Per storage root, over the names in it: whether one is a graph output, and the nodes reading
+    # one. A join adds the output's storage to the input's, whose readers are disjoint (the
+    # output's come after the node; the input's, where it may join, are the node and nodes before
+    # it): the figures add up, and no storage's names are walked again.
     holds_output: dict[str, bool] = {}
     users: dict[str, set[int]] = {}
     for name in graph.values:
         r = find(name)[0]
         holds_output[r] = holds_output.get(r, False) or name in outputs
-        users.setdefault(r, set()).update(graph.consumers.get(name, ()))
-    readers = {r: len(u) for r, u in users.items()}
-    last = {r: max((pos[i] for i in u), default=-1) for r, u in users.items()}
-    found: dict[str, str] = {}
-    for i in running:
+        if name not in new_value:
+            users.setdefault(r, set()).update(graph.consumers.get(name, ()))
+    found = Joins()
+
+    def join(i: int, ordered: bool) -> None:
+        """Node i's output written into an input where the rules allow; `ordered`: ORT's kernels
+        where `order` lets them (and no WRITE_OVER_OPS, which no order decides)."""
         n = graph.nodes[i]
         hint = MAY_OVERWRITE.get((n.domain, n.op_type))
-        if hint is None or max(hint) >= min(len(n.inputs), len(n.outputs)):
-            continue
-        out, x = n.outputs[hint[0]], n.inputs[hint[1]]
-        if not out or not x or out in outputs or out in storage_of:
-            continue
-        r, links = find(x)
-        if r not in graph.producer or r in folded or holds_output[r]:
-            continue
-        if sum(find(y)[0] == r for y in n.inputs) != 1:
-            continue
-        # the storage's readers: this node, the `links` nodes that made the name x from the root
-        # (views and in-place writers, each reading the name its output shares: they run before
-        # this node), and others, which there may be none of, or, with `order`, none after it
-        if readers[r] > links + 1 if order is None else last[r] > pos[i]:
-            continue
-        a, b = graph.values[x], graph.values[out]
-        if a.shape == b.shape and element_size(a.dtype) == element_size(b.dtype):
-            found[out] = x
+        served = write_over and not ordered and hint is None and (n.domain, n.op_type) in WRITE_OVER_OPS and n.outputs
+        if served:
+            candidates = range(len(n.inputs))
+        elif hint is None or max(hint) >= min(len(n.inputs), len(n.outputs)):
+            return
+        else:
+            candidates = [hint[1]]
+        out = n.outputs[0] if served else n.outputs[hint[0]]
+        if not out or out in outputs or out in storage_of:
+            return
+        for k in candidates:
+            x = n.inputs[k]
+            if not x:
+                continue
+            r, links = find(x)
+            donated = served and r in writer and writer[r] != i
+            if r in folded or not (donated or (r in graph.producer and not holds_output[r])):
+                continue
+            a, b = graph.values[x], graph.values[out]
+            if a.shape != b.shape or element_size(a.dtype) != element_size(b.dtype):
+                continue
+            same = [y for y in n.inputs if y and find(y)[0] == r]
+            others = users[r] - {i}
+            if served:
+                # every name of the storage it reads has the output's shape (none read broadcast, after
+                # its elements are written); the output's readers before a state's writer, which
+                # overwrites it
+                if any(graph.values[y].shape != b.shape for y in same):
+                    continue
+                if donated and not (writer[r] > i and all(u <= writer[r] for u in graph.consumers.get(out, ()))):
+                    continue
+            elif len(same) != 1:
+                continue
+            # its other readers come first: in the file, from now on in every order; or in `order`
+            if any(pos[u] > pos[i] for u in others) if ordered else any(u > i for u in others):
+                continue
+            if not ordered:
+                found.deps += [(u, i) for u in sorted(not_ancestors(graph, i, others))]
+            found.all[out] = x
+            if served:
+                found.served[out] = x
             storage_of[out] = x  # later nodes see the joined storage
             holds_output[r] |= holds_output.pop(out)
-            readers[r] += readers.pop(out)
-            last[r] = max(last[r], last.pop(out))
+            users[r] |= users.pop(out, set())
+            return
+
+    for i in range(len(graph.nodes)):  # the file's order: topological
+        join(i, False)
+    if order is not None:
+        pos = {i: k for k, i in enumerate(order)}
+        for i in order:
+            join(i, True)
     return found
+
+
+def not_ancestors(graph: Graph, i: int, others: set[int]) -> set[int]:
+    """The nodes of `others` not found among node i's ancestors within ANCESTOR_SEARCH nodes of a
+    search up from it (a farther one gets an edge it did not need)."""
+    left, seen, stack = set(others), {i}, [i]
+    while left and stack and len(seen) <= ANCESTOR_SEARCH:
+        for x in graph.nodes[stack.pop()].inputs:
+            u = graph.producer.get(x)
+            if u is not None and u not in seen:
+                seen.add(u)
+                left.discard(u)
+                stack.append(u)
+    return left
 
 
 def folded_values(graph: Graph) -> set[str]:
@@ -448,6 +550,14 @@ def accumulates(graph: Graph, state: str) -> bool:
 def check_acyclic(graph: Graph, preds: list[set[int]]) -> None:
     """The data edges are acyclic (import checked); an in-place rule can still close a cycle:
     a node that must read a state's old value but depends on the state's new value."""
+    i = stuck(preds)
+    if i is not None:
+        raise RoamError(f"in-place updates cannot be honoured: node {graph.nodes[i].name!r} would have to read a "
+                        "state both before and after it is overwritten")
+
+
+def stuck(preds: list[set[int]]) -> int | None:
+    """A node on a cycle of `preds`, or None when they have none."""
     indegree = [len(p) for p in preds]
     users: list[list[int]] = [[] for _ in preds]
     for b, ps in enumerate(preds):
@@ -462,10 +572,7 @@ def check_acyclic(graph: Graph, preds: list[set[int]]) -> None:
             indegree[u] -= 1
             if indegree[u] == 0:
                 ready.append(u)
-    if seen < len(preds):
-        stuck = next(graph.nodes[i].name for i, d in enumerate(indegree) if d > 0)
-        raise RoamError(f"in-place updates cannot be honoured: node {stuck!r} would have to read a state "
-                        "both before and after it is overwritten")
+    return next((i for i, d in enumerate(indegree) if d > 0), None) if seen < len(preds) else None
 
 
 def names_derived(outputs: tuple[str, ...], aliases_of: dict[str, list[str]]) -> set[str]:

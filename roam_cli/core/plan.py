@@ -76,7 +76,8 @@ def build(graph: Graph, mm: MemoryModel, order: list[int], offsets: list[int], *
                 tier = mm.storages[storage_index[root]].tier
             tensors.append({"name": name, "bytes": mm.tensor_bytes[name], "offset": None,
                             "first_step": first, "last_step": last, "kind": mm.kind[name],
-                            "alias_of": root} | typed(name) | ({"tier": tier} if tier != DEVICE else {}))
+                            "alias_of": root} | typed(name) | ({"tier": tier} if tier != DEVICE else {})
+                           | ({"written_over": mm.written_over[name]} if name in mm.written_over else {}))
     arena = max([o + s.bytes for o, s in zip(offsets, mm.storages) if s.tier == DEVICE]
                 + [w["offset"] + w["bytes"] for w in workspace], default=0)
     peak, peak_step = peak_live(mm, spans)

@@ -15,6 +15,7 @@ producer, where its priority-based order runs them."""
 import time
 
 from roam_cli.core import memory
+from roam_cli.core.graph import smallest_first_order
 from roam_cli.core.memory import MemoryModel
 from roam_cli.order import greedy as greedy_mod, ilp, ort as ort_mod, roam as roam_mod
 from roam_cli.order.problem import from_memory_model, kahn
@@ -37,6 +38,18 @@ def original(mm: MemoryModel) -> list[int]:
     return runs(mm, kahn(from_memory_model(mm)))
 
 
+def nearest(mm: MemoryModel, order: list[int]) -> list[int]:
+    """The topological order of mm's edges nearest `order`: its nodes, each run as soon as the
+    edges let it, earliest in `order` first (`order` itself where it keeps them all)."""
+    rank = {v: k for k, v in enumerate(order)}
+    succs: list[list[int]] = [[] for _ in mm.preds]
+    for v, ps in enumerate(mm.preds):
+        for u in ps:
+            succs[u].append(v)
+    by_rank = smallest_first_order([len(mm.preds[v]) for v in order], [[rank[w] for w in succs[v]] for v in order])
+    return [order[k] for k in by_rank]
+
+
 def peak_of(mm: MemoryModel, order: list[int]) -> int:
     return memory.peak_live(mm, memory.lifetimes(mm, order))[0]
 
@@ -44,8 +57,8 @@ def peak_of(mm: MemoryModel, order: list[int]) -> int:
 def baseline(mm: MemoryModel, strategy: str, op_types: list[str]) -> tuple[list[int], dict]:
     if strategy == "original":
         return original(mm), {}
-    if strategy == "ort":  # ORT's default order, run as the plan's order
-        return runs(mm, ort_mod.ort_default(list(mm.preds), op_types)), {}
+    if strategy == "ort":  # ORT's default order, run as the plan's order (the joins' edges kept)
+        return runs(mm, nearest(mm, ort_mod.ort_default(list(mm.run_preds), op_types))), {}
     if strategy == "greedy":
         found, scheduler = greedy_mod.greedy(from_memory_model(mm))
         return runs(mm, found), {"scheduler": scheduler}

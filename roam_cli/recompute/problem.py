@@ -44,7 +44,7 @@ class Problem:
     flops: tuple[int, ...]  # the FLOPs of recomputing it once
     price: tuple[int, ...]  # what recomputing it once costs the solvers: its FLOPs, a gather's communication
     cost: dict[str, int | None]  # forward value -> bytes kept live if saved (0: live anyway; None: a view, never saved itself)
-    base: dict[str, str]  # forward value -> the value owning its storage (itself, or a view's base)
+    base: dict[str, str]  # forward value -> the value owning its storage (itself, a view's base, or what it is written over)
     free: frozenset[str]  # available after the forward at no cost (persistent storage)
     needed: frozenset[str]  # forward values read after the forward
     replays: dict[str, tuple[tuple[str, ...], int]]  # Dropout output -> (its replay's inputs, FLOPs)
@@ -68,7 +68,9 @@ def build(graph: Graph, mm: MemoryModel, mode: str, gather: GatherPrice | None =
             if v in free:
                 continue
             root = base[v] = mm.storage_of[v]
-            cost[v] = None if root != v else 0 if root in to_end else mm.tensor_bytes[v]
+            # a view is its base's bytes; a kernel's output written over its input is a value of its
+            # own, in the input's storage
+            cost[v] = None if mm.alias.get(v) == "view" else 0 if root in to_end else mm.tensor_bytes[v]
             if any(u not in in_forward for u in graph.consumers.get(v, ())):
                 needed.add(v)
     replays = {}

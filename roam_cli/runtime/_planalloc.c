@@ -23,9 +23,15 @@
  * gives one offset and one pool per request (load_plan). SERVE then answers the k-th request of a
  * step at base[pool[k]] + offset[k]. Pool 0 is the device's arena, pool 1 the slow tier's (a plan
  * that offloads, DESIGN.md "Memory tiers"): on CUDA pinned host memory, which the GPU's kernels
- * read and write over the bus; on the CPU both are host memory, each of its plan's size. A request that does not match (another size, or its place still taken by a
- * buffer that is live) falls back to the real allocator and is counted, the first one noted: the
- * arena can be wrong about nothing, only unused.
+ * read and write over the bus; on the CPU both are host memory, each of its plan's size. A slot
+ * AT_ADDRESS is served at the address its offset holds: a state's own buffer, which an elementwise
+ * kernel's output is written over (plan field `written_over`). A request that does not match
+ * (another size, or its place still taken by a buffer that is live) falls back to the real
+ * allocator and is counted, the first one noted: the arena can be wrong about nothing, only unused.
+ * Slots of one storage group (a storage and the outputs written over it, each while the one before
+ * is still held by ORT: the kernel reads it as it writes) may share bytes while both are live; the
+ * served map then holds the newer at the address, and the older is the one the next free of it
+ * releases (ORT frees a kernel's input no later than its output).
  *
  * A session serves only the thread that began its step (ORT's sequential executor allocates on
  * the calling thread), one session per thread at a time; requests from other threads pass
@@ -50,6 +56,7 @@
 enum { OFF = 0, RECORD = 1, SERVE = 2 };
 enum { CPU = 0, CUDA = 1, DEVICES = 2 };
 enum { POOLS = 2 }; /* the device's arena and the slow tier's */
+enum { AT_ADDRESS = 2 }; /* a slot's pool when its offset is an address (a state's buffer) */
 #define LOOKAHEAD 64 /* how far past the cursor a request may match (one-off requests skipped) */
 
 /* ---- pointer -> index map (open addressing, linear probing, backward-shift delete) ---- */
@@ -97,6 +104,14 @@ static int map_put(PtrMap *m, uintptr_t key, int64_t val) {
     m->keys[s] = key;
     m->vals[s] = val;
     return 0;
+}
+
+/* The value stored for key, or -1. */
+static int64_t map_get(const PtrMap *m, uintptr_t key) {
+    if (!m->cap) return -1;
+    for (size_t s = slot_of(m, key); m->keys[s]; s = (s + 1) & (m->cap - 1))
+        if (m->keys[s] == key) return m->vals[s];
+    return -1;
 }
 
 /* The value stored for key, removing it; -1 when absent. */
@@ -162,6 +177,7 @@ typedef struct {
     int64_t requests, served_bytes, unplanned, unplanned_bytes, conflicts, other_threads;
     int64_t fallback_peak;
     int64_t pool_served[POOLS], pool_planned[POOLS], pool_high_water[POOLS];
+    int64_t at_address, at_address_planned; /* served at a state's own buffer (its own slot: the plan's) */
     int64_t miss_request, miss_size, miss_slot; /* the step's first unplanned request (-1: none) */
 } Stats;
 
@@ -179,12 +195,13 @@ typedef struct Session {
     int64_t n;
     int64_t *size, *offset;
     int64_t *ov_start, *ov; /* CSR: slots whose bytes overlap slot i's (at other times) */
+    int64_t *under; /* the live slot of its storage group a slot was served over in this step, or -1 */
     char *live, *taken, *planned; /* planned: the slot is a tensor of roam's plan, at its offset */
-    char *pool; /* the pool each slot is in */
+    char *pool; /* the pool each slot is in (AT_ADDRESS: none) */
     char *base[POOLS];
     int64_t arena_bytes[POOLS];
     int64_t cursor;
-    PtrMap served; /* arena pointer -> slot */
+    PtrMap served; /* arena or state pointer -> the newest slot served there */
     PtrMap fallback; /* pointer -> bytes, for requests served by the real allocator */
     int64_t fallback_live;
     Stats st;
@@ -253,6 +270,12 @@ static Session *busy_elsewhere(int d) {
     return NULL;
 }
 
+/* Where slot j is served. */
+static char *slot_address(const Session *s, int64_t j) {
+    if (s->pool[j] == AT_ADDRESS) return (char *)(uintptr_t)s->offset[j];
+    return s->base[(int)s->pool[j]] + s->offset[j];
+}
+
 static int in_arena(const Session *s, const void *p) {
     for (int q = 0; q < POOLS; q++)
         if (s->base[q] && (const char *)p >= s->base[q] && (const char *)p < s->base[q] + s->arena_bytes[q]) return 1;
@@ -272,28 +295,25 @@ static int conflicts(Session *s, int64_t j) {
  * is the one recorded there), else the first free slot of that size a little past the cursor (the
  * sequence moved: a one-off request skipped). A slot whose bytes are held by a live one is refused. */
 static int64_t match_slot(Session *s, int64_t k, size_t size, size_t align) {
-    if (k < s->n && (uintptr_t)s->base[(int)s->pool[k]] % align) return -1;
-    if (k < s->n && !s->taken[k] && s->size[k] == (int64_t)size && s->offset[k] % (int64_t)align == 0)
+    if (k < s->n && !s->taken[k] && s->size[k] == (int64_t)size && (uintptr_t)slot_address(s, k) % align == 0)
         return conflicts(s, k) ? -1 : k;
     int64_t end = s->cursor + LOOKAHEAD < s->n ? s->cursor + LOOKAHEAD : s->n;
     for (int64_t j = s->cursor; j < end; j++) {
-        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || s->offset[j] % (int64_t)align ||
-            (uintptr_t)s->base[(int)s->pool[j]] % align)
-            continue;
+        if (j == k || s->taken[j] || s->size[j] != (int64_t)size || (uintptr_t)slot_address(s, j) % align) continue;
         return conflicts(s, j) ? -1 : j;
     }
     return -1;
 }
 
 typedef struct {
-    int64_t *size, *offset, *ov_start, *ov;
+    int64_t *size, *offset, *ov_start, *ov, *under;
     char *live, *taken, *planned, *pool, *base[POOLS];
     int64_t n, arena_bytes[POOLS];
 } Plan;
 
 static void free_plan(int d, Plan *p) {
     free(p->size), free(p->offset), free(p->ov_start), free(p->ov), free(p->live), free(p->taken), free(p->planned);
-    free(p->pool);
+    free(p->pool), free(p->under);
     for (int q = 0; q < POOLS; q++)
         if (p->base[q]) pool_free(d, q, p->base[q]);
     memset(p, 0, sizeof *p);
@@ -301,9 +321,9 @@ static void free_plan(int d, Plan *p) {
 
 /* Under the lock: the session's plan moved out into `p` (freed later, outside the lock). */
 static void take_plan(Session *s, Plan *p) {
-    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->live, s->taken, s->planned, s->pool,
+    *p = (Plan){s->size, s->offset, s->ov_start, s->ov, s->under, s->live, s->taken, s->planned, s->pool,
                 {s->base[0], s->base[1]}, s->n, {s->arena_bytes[0], s->arena_bytes[1]}};
-    s->size = s->offset = s->ov_start = s->ov = NULL;
+    s->size = s->offset = s->ov_start = s->ov = s->under = NULL;
     s->live = s->taken = s->planned = s->pool = NULL;
     memset(s->base, 0, sizeof s->base);
     memset(s->arena_bytes, 0, sizeof s->arena_bytes);
@@ -348,17 +368,24 @@ static void *allocate(int d, size_t size, size_t align) {
     if (s->mode == SERVE) {
         int64_t k = s->st.requests++;
         int64_t j = match_slot(s, k, size, align);
-        int q = j >= 0 ? s->pool[j] : 0;
-        if (j >= 0 && map_put(&s->served, (uintptr_t)(s->base[q] + s->offset[j]), j) == 0) {
+        int64_t over = j >= 0 ? map_get(&s->served, (uintptr_t)slot_address(s, j)) : -1; /* its group's, live */
+        if (j >= 0 && map_put(&s->served, (uintptr_t)slot_address(s, j), j) == 0) {
             s->taken[j] = s->live[j] = 1;
+            s->under[j] = over;
             while (s->cursor < s->n && s->taken[s->cursor]) s->cursor++;
-            p = s->base[q] + s->offset[j];
+            p = slot_address(s, j);
             int at_plan = j == k && s->planned[j]; /* its own slot: the plan's offset */
-            s->st.pool_served[q]++;
-            s->st.pool_planned[q] += at_plan;
+            int q = s->pool[j];
             s->st.served_bytes += (int64_t)size;
-            if (s->offset[j] + (int64_t)size > s->st.pool_high_water[q])
-                s->st.pool_high_water[q] = s->offset[j] + (int64_t)size;
+            if (q == AT_ADDRESS) {
+                s->st.at_address++;
+                s->st.at_address_planned += at_plan;
+            } else {
+                s->st.pool_served[q]++;
+                s->st.pool_planned[q] += at_plan;
+                if (s->offset[j] + (int64_t)size > s->st.pool_high_water[q])
+                    s->st.pool_high_water[q] = s->offset[j] + (int64_t)size;
+            }
             pthread_mutex_unlock(&lock);
             return p;
         }
@@ -402,9 +429,15 @@ static void release(int d, void *p) {
     pthread_mutex_lock(&lock);
     for (Session *s = sessions; s; s = s->next) {
         if (s->device != d) continue;
-        if (in_arena(s, p)) {
-            int64_t j = map_take(&s->served, (uintptr_t)p);
-            if (j >= 0) s->live[j] = 0;
+        int64_t j = s->served.used ? map_take(&s->served, (uintptr_t)p) : -1;
+        if (j >= 0 || in_arena(s, p)) {
+            if (j >= 0 && s->under[j] >= 0 && s->live[s->under[j]]) {
+                s->live[s->under[j]] = 0; /* the older of two slots held at p: ORT frees a kernel's input first */
+                s->under[j] = -1;
+                map_put(&s->served, (uintptr_t)p, j); /* the entry was just taken: no growth */
+            } else if (j >= 0) {
+                s->live[j] = 0;
+            }
             if (s->closed && !s->served.used) unlink_session(gone = s); /* closed while it was live */
             ours = 1;
             break;
@@ -789,8 +822,9 @@ static int by_place(const void *a, const void *b) {
     return (order_by->offset[i] > order_by->offset[j]) - (order_by->offset[i] < order_by->offset[j]);
 }
 
-/* Slots sharing bytes: a sweep over slots sorted by pool, then offset (pairs only, never n^2 tests). */
-static int build_overlaps(Plan *s, const int64_t *rounded) {
+/* Slots sharing bytes: a sweep over slots sorted by pool, then offset (pairs only, never n^2 tests);
+ * slots of one storage group (group[i] == group[j] >= 0) and slots AT_ADDRESS are left out. */
+static int build_overlaps(Plan *s, const int64_t *rounded, const int64_t *group) {
     int64_t n = s->n;
     int64_t *idx = malloc((size_t)(n ? n : 1) * sizeof *idx);
     Vec a = {0}, b = {0};
@@ -800,8 +834,9 @@ static int build_overlaps(Plan *s, const int64_t *rounded) {
     qsort(idx, (size_t)n, sizeof *idx, by_place);
     for (int64_t x = 0; x < n; x++) {
         int64_t i = idx[x], top = s->offset[i] + rounded[i];
+        if (s->pool[i] == AT_ADDRESS) continue;
         for (int64_t y = x + 1; y < n && s->pool[idx[y]] == s->pool[i] && s->offset[idx[y]] < top; y++)
-            if (vec_push(&a, i) || vec_push(&b, idx[y])) goto fail;
+            if ((group[i] < 0 || group[i] != group[idx[y]]) && (vec_push(&a, i) || vec_push(&b, idx[y]))) goto fail;
     }
     s->ov_start = calloc((size_t)n + 1, sizeof *s->ov_start);
     s->ov = malloc((a.n * 2 + 1) * sizeof *s->ov);
@@ -820,69 +855,76 @@ fail:
     return -1;
 }
 
-/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, pools, (device arena bytes, slow
- * arena bytes)): slot k serves request k, in pool pools[k]. The plan and its arena are built before the lock is taken, swapped in under it, the
- * old one freed after. */
+/* load_plan(handle, sizes, offsets, rounded sizes, planned flags, pools, storage groups, (device
+ * arena bytes, slow arena bytes)): slot k serves request k, in pool pools[k] (AT_ADDRESS: at the
+ * address offsets[k]), of storage group groups[k] (-1: none). The plan and its arena are built
+ * before the lock is taken, swapped in under it, the old one freed after. */
 static PyObject *py_load_plan(PyObject *self, PyObject *args) {
     long long id, arena[POOLS];
-    PyObject *sizes, *offsets, *rounded, *flags, *pools;
-    if (!PyArg_ParseTuple(args, "LOOOOO(LL)", &id, &sizes, &offsets, &rounded, &flags, &pools, &arena[0], &arena[1]))
+    PyObject *sizes, *offsets, *rounded, *flags, *pools, *groups;
+    if (!PyArg_ParseTuple(args, "LOOOOOO(LL)", &id, &sizes, &offsets, &rounded, &flags, &pools, &groups, &arena[0],
+                          &arena[1]))
         return NULL;
     PyObject *fs = PySequence_Fast(sizes, "sizes"), *fo = PySequence_Fast(offsets, "offsets"),
              *fr = PySequence_Fast(rounded, "rounded"), *ff = PySequence_Fast(flags, "planned flags"),
-             *fp = PySequence_Fast(pools, "pools");
-    if (!fs || !fo || !fr || !ff || !fp) {
-        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff), Py_XDECREF(fp);
+             *fp = PySequence_Fast(pools, "pools"), *fg = PySequence_Fast(groups, "groups");
+    if (!fs || !fo || !fr || !ff || !fp || !fg) {
+        Py_XDECREF(fs), Py_XDECREF(fo), Py_XDECREF(fr), Py_XDECREF(ff), Py_XDECREF(fp), Py_XDECREF(fg);
         return NULL;
     }
     Py_ssize_t n = PySequence_Fast_GET_SIZE(fs);
     if (PySequence_Fast_GET_SIZE(fo) != n || PySequence_Fast_GET_SIZE(fr) != n || PySequence_Fast_GET_SIZE(ff) != n ||
-        PySequence_Fast_GET_SIZE(fp) != n) {
-        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp);
-        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes, planned flags and pools differ in length");
+        PySequence_Fast_GET_SIZE(fp) != n || PySequence_Fast_GET_SIZE(fg) != n) {
+        Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp), Py_DECREF(fg);
+        PyErr_SetString(PyExc_ValueError, "sizes, offsets, rounded sizes, planned flags, pools and groups differ in length");
         return NULL;
     }
     Plan plan = {0};
     int64_t *rs = int64_array(fr, n), *fl = rs ? int64_array(ff, n) : NULL, *pl = fl ? int64_array(fp, n) : NULL;
-    plan.size = pl ? int64_array(fs, n) : NULL;
+    int64_t *gr = pl ? int64_array(fg, n) : NULL;
+    plan.size = gr ? int64_array(fs, n) : NULL;
     plan.offset = plan.size ? int64_array(fo, n) : NULL;
-    plan.planned = pl ? calloc((size_t)n + 1, 1) : NULL;
-    plan.pool = pl ? calloc((size_t)n + 1, 1) : NULL;
-    for (Py_ssize_t i = 0; plan.planned && plan.pool && i < n; i++) {
+    plan.planned = gr ? calloc((size_t)n + 1, 1) : NULL;
+    plan.pool = gr ? calloc((size_t)n + 1, 1) : NULL;
+    plan.under = gr ? malloc(((size_t)n + 1) * sizeof *plan.under) : NULL;
+    for (Py_ssize_t i = 0; plan.planned && plan.pool && plan.under && i < n; i++) {
         plan.planned[i] = fl[i] != 0;
-        plan.pool[i] = pl[i] == 1;
+        plan.pool[i] = (char)pl[i];
+        plan.under[i] = -1;
     }
     int bad_pool = 0;
-    for (Py_ssize_t i = 0; pl && i < n; i++) bad_pool |= pl[i] != 0 && pl[i] != 1;
+    for (Py_ssize_t i = 0; pl && i < n; i++) bad_pool |= pl[i] < 0 || pl[i] > AT_ADDRESS;
     free(fl), free(pl);
-    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp);
+    Py_DECREF(fs), Py_DECREF(fo), Py_DECREF(fr), Py_DECREF(ff), Py_DECREF(fp), Py_DECREF(fg);
     pthread_mutex_lock(&lock);
     Session *s = session_of(id);
     int device = s ? s->device : CPU;
     pthread_mutex_unlock(&lock);
     if (!s) {
-        free(rs), free_plan(device, &plan);
+        free(rs), free(gr), free_plan(device, &plan);
         return PyErr_Occurred() ? NULL : closed_error();
     }
-    if (!plan.offset || !plan.planned || !plan.pool) {
-        free(rs), free_plan(device, &plan);
+    if (!plan.offset || !plan.planned || !plan.pool || !plan.under) {
+        free(rs), free(gr), free_plan(device, &plan);
         return PyErr_Occurred() ? NULL : PyErr_NoMemory();
     }
     if (bad_pool) {
-        free(rs), free_plan(device, &plan);
-        PyErr_SetString(PyExc_ValueError, "a pool is 0 (the device's) or 1 (the slow tier's)");
+        free(rs), free(gr), free_plan(device, &plan);
+        PyErr_SetString(PyExc_ValueError, "a pool is 0 (the device's), 1 (the slow tier's) or 2 (at an address)");
         return NULL;
     }
     for (Py_ssize_t i = 0; i < n; i++)
-        if (plan.offset[i] < 0 || rs[i] < plan.size[i] || plan.offset[i] + rs[i] > arena[(int)plan.pool[i]]) {
-            free(rs), free_plan(device, &plan);
+        if (rs[i] < plan.size[i] || (plan.pool[i] == AT_ADDRESS ? plan.offset[i] <= 0
+                                     : plan.offset[i] < 0 || plan.offset[i] + rs[i] > arena[(int)plan.pool[i]])) {
+            free(rs), free(gr), free_plan(device, &plan);
             PyErr_Format(PyExc_ValueError, "slot %zd does not fit its pool's arena", i);
             return NULL;
         }
     plan.n = n;
     plan.live = calloc((size_t)n + 1, 1);
     plan.taken = calloc((size_t)n + 1, 1);
-    int bad = !plan.live || !plan.taken || build_overlaps(&plan, rs);
+    int bad = !plan.live || !plan.taken || build_overlaps(&plan, rs, gr);
+    free(gr);
     for (int q = 0; q < POOLS && !bad; q++) {
         void *base = NULL;
         plan.arena_bytes[q] = arena[q];
@@ -903,7 +945,7 @@ static PyObject *py_load_plan(PyObject *self, PyObject *args) {
                                        : NULL;
     if (!why) {
         take_plan(s, &old);
-        s->size = plan.size, s->offset = plan.offset, s->ov_start = plan.ov_start, s->ov = plan.ov;
+        s->size = plan.size, s->offset = plan.offset, s->ov_start = plan.ov_start, s->ov = plan.ov, s->under = plan.under;
         s->live = plan.live, s->taken = plan.taken, s->planned = plan.planned, s->pool = plan.pool;
         memcpy(s->base, plan.base, sizeof s->base);
         memcpy(s->arena_bytes, plan.arena_bytes, sizeof s->arena_bytes);
@@ -934,8 +976,10 @@ static PyObject *py_end_step(PyObject *self, PyObject *args) {
     pthread_mutex_unlock(&lock);
     /* totals, and each pool's own figures ("arena_high_water" is the device pool's) */
     return Py_BuildValue("{sLsLsLsLsLsLsLsLsLsLsLsLsLsLs{s{sLsLsL}s{sLsLsL}}}", "requests", (long long)st.requests,
-                         "served", (long long)(st.pool_served[0] + st.pool_served[1]), "served_at_plan_offset",
-                         (long long)(st.pool_planned[0] + st.pool_planned[1]), "served_bytes",
+                         "served", (long long)(st.pool_served[0] + st.pool_served[1] + st.at_address),
+                         "served_at_plan_offset",
+                         (long long)(st.pool_planned[0] + st.pool_planned[1] + st.at_address_planned),
+                         "served_bytes",
                          (long long)st.served_bytes, "unplanned", (long long)st.unplanned, "unplanned_bytes",
                          (long long)st.unplanned_bytes, "unplanned_peak_bytes", (long long)st.fallback_peak,
                          "conflicts", (long long)st.conflicts, "other_threads", (long long)st.other_threads,
@@ -985,7 +1029,7 @@ static PyMethodDef methods[] = {
     {"cuda_functions", py_cuda_functions, METH_NOARGS, "(alloc, free, empty_cache) addresses for gpu_external_*."},
     {"begin_record", py_begin_record, METH_VARARGS, "begin_record(handle): log this thread's requests."},
     {"end_record", py_end_record, METH_VARARGS, "end_record(handle) -> (sizes, alloc events, free events, times in ns, events)."},
-    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, planned, pools, (device bytes, slow bytes)): slot pairs sharing bytes."},
+    {"load_plan", py_load_plan, METH_VARARGS, "load_plan(handle, sizes, offsets, rounded, planned, pools, groups, (device bytes, slow bytes)): slot pairs sharing bytes."},
     {"begin_step", py_begin_step, METH_VARARGS, "begin_step(handle): serve this thread's requests from the arena."},
     {"end_step", py_end_step, METH_VARARGS, "end_step(handle) -> the step's statistics."},
     {"live", py_live, METH_VARARGS, "live(handle) -> (arena buffers live, fallback bytes live)."},

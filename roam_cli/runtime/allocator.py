@@ -12,6 +12,12 @@ solver lays out all recorded requests. Whatever the recording does not cover fal
 real allocator and is counted per step (see `_planalloc.c` for how the requests are intercepted,
 and why there).
 
+An output the plan writes over an input of its node (plan field `written_over`, an elementwise
+kernel whose input nothing reads afterwards) is requested by ORT like any output and served at
+its storage's place while the input still holds it: the requests of one storage may share bytes
+while both are live. Where that storage is a state (a functional step's moment, whose new value
+the step writes there anyway) the place is the state's own buffer (`place_states`).
+
 A plan that offloads (DESIGN.md, "Memory tiers") has two arenas: the device's (`arena_bytes`) and
 the slow tier's (`tiers.arena_bytes`). Each gets a pool of its own: a planned tensor is served at
 its offset in its tier's pool, a request the plan does not name is fitted into the pool of the node
@@ -32,7 +38,7 @@ import bisect
 import heapq
 import time
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state
@@ -48,6 +54,7 @@ except ImportError as e:  # optional: it builds on Linux (x86-64, aarch64) with 
     _planalloc, NOT_BUILT = None, str(e)
 
 ALIGNMENT = 256  # every slot starts on this many bytes: enough for ORT's CPU (64) and CUDA (256) requests
+AT_ADDRESS = 2  # the pool of a request served at an address of its own: a state's buffer (_planalloc.c)
 ORT_LIBRARY = onnxruntime_pybind11_state.__file__.rsplit("/", 1)[-1]
 
 
@@ -81,6 +88,8 @@ class PlannedTensor:
     successors: tuple[str, ...] = ()  # planned outputs of its readers of its size: ORT may write one into it
     workspace: bool = False  # kernel scratch (plan field `workspace`), not a tensor
     tier: str = DEVICE  # whose arena its offset is in: the device's, or the slow tier's (plan field `tier`)
+    storage: str = ""  # the tensor owning its storage (itself, or what it is written over)
+    state: str | None = None  # the state whose own buffer it is written over (offset None)
 
 
 
@@ -88,8 +97,9 @@ class PlannedTensor:
 def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
     """The plan's arena tensors in the order ORT allocates them: by the producing node's place in
     the plan's order, then the node's outputs in order, then its workspace (plan field
-    `workspace`). Views and in-place results have no offset of their own: ORT makes no request
-    for them."""
+    `workspace`). Views and ORT's in-place results have no offset of their own: ORT makes no
+    request for them. An output written over an input (`written_over`) is requested, and served
+    at its storage's offset, or in the state's buffer where that storage is a state."""
     place = {t["name"]: t for t in plan["tensors"]}
     step = {name: k for k, name in enumerate(plan["order"])}
     scratch: dict[str, list[dict]] = {}
@@ -110,19 +120,28 @@ def planned_requests(graph, plan: dict) -> list[PlannedTensor]:
     def tier(name: str) -> str:
         return place[name].get("tier", DEVICE)
 
+    def requested(name: str) -> PlannedTensor | None:
+        if placed(name):
+            return PlannedTensor(name, "", place[name]["bytes"], place[name]["offset"], 0, place[name]["last_step"],
+                                 successors(name), tier=tier(name), storage=name)
+        if name in place and "written_over" in place[name]:
+            r = root(name)
+            return PlannedTensor(name, "", place[name]["bytes"], place[r]["offset"], 0, place[name]["last_step"], (),
+                                 tier=tier(name), storage=r, state=r if place[r]["offset"] is None else None)
+        return None
+
     def successors(name: str) -> tuple[str, ...]:
         """What its readers, or its views' readers, make of its size in its tier: a kernel in place writes one there."""
         return tuple(out for member in group.get(name, [name]) for i in graph.consumers.get(member, ())
                      for out in graph.nodes[i].outputs
                      if placed(out) and place[out]["bytes"] == place[name]["bytes"] and tier(out) == tier(name))
 
-    return [t for n in sorted(graph.nodes, key=lambda n: step[n.name])
-            for t in [PlannedTensor(out, n.name, place[out]["bytes"], place[out]["offset"], step[n.name],
-                                    place[out]["last_step"], successors(out), tier=tier(out))
-                      for out in n.outputs if placed(out)]
-            + [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], w["step"], (),
-                             True)
-               for k, w in enumerate(scratch.get(n.name, ()))]]
+    out = []
+    for n in sorted(graph.nodes, key=lambda n: step[n.name]):
+        out += [replace(t, node=n.name, step=step[n.name]) for t in map(requested, n.outputs) if t is not None]
+        out += [PlannedTensor(f"workspace {k + 1} of {n.name}", n.name, w["bytes"], w["offset"], w["step"], w["step"],
+                              (), True) for k, w in enumerate(scratch.get(n.name, ()))]
+    return out
 
 
 def slow_nodes(plan: dict) -> frozenset[str]:
@@ -195,16 +214,20 @@ def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | N
     return nodes
 
 
-def settle(buffers: list[tuple[int, int, int, list[int]]], late: set[int] = frozenset()) -> list[int | None]:
+def settle(buffers: list[tuple[int, int, int, list[int]]], late: set[int] = frozenset(),
+           groups: list[str] | None = None) -> list[int | None]:
     """For buffers (lo, hi, bytes, candidate offsets), over recorded lifetimes, the first candidate
     that shares no bytes with a buffer settled before it while both are live, or None: a sweep in
     allocation order, then the `late` ones (those that outlive their plan life: they must not take
-    the place of the many that keep to it)."""
+    the place of the many that keep to it). Buffers of one of `groups` (a storage and the outputs
+    written over it) may share bytes."""
     live: list[tuple[int, int]] = []  # (hi, index) of the settled buffers, a heap
     chosen: list[int | None] = [None] * len(buffers)
+    group = groups or [None] * len(buffers)
 
     def free(k: int, at: int, others) -> bool:
-        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2] for j in others)
+        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2]
+                       and (group[j] is None or group[j] != group[k]) for j in others)
 
     for k in sorted(set(range(len(buffers))) - late, key=lambda k: buffers[k][0]):
         lo, hi, _, candidates = buffers[k]
@@ -270,6 +293,7 @@ class ArenaAllocator:
         self.moved: set[int] = set()  # requests of planned tensors that ORT keeps past the plan's lives
         self.served_at: dict[int, int] = {}  # request -> the plan offset it is served at
         self.spans: list[tuple[int, int, str]] | None = None  # ORT's kernels in step 1 (start, end ns, node)
+        self.state_addresses: dict[str, int] = {}  # state -> its buffer's address (place_states)
         if device not in ("cpu", "cuda"):
             raise RoamError(f"unknown device {device!r} (cpu or cuda)")
         self.device, self.strategy, self.time_limit = device, strategy, time_limit
@@ -282,6 +306,12 @@ class ArenaAllocator:
             self.handle = _planalloc.new_session(device, ORT_LIBRARY)
         except RuntimeError as e:
             raise RoamError(f"cannot serve ONNX Runtime's {device.upper()} allocations: {e}") from None
+
+    def place_states(self, addresses: dict[str, int]) -> None:
+        """Where each state's buffer is, for the outputs the plan writes over a state: they are served
+        there from the step after the first. The buffers must stay where they are while the plan is
+        served (aligned to ALIGNMENT: a request is served only at an address of its alignment)."""
+        self.state_addresses = dict(addresses)
 
     def session_options(self, options: ort.SessionOptions) -> ort.SessionOptions:
         """`options` made to send every tensor to this allocator, one request per tensor."""
@@ -340,8 +370,10 @@ class ArenaAllocator:
             self.matched, self.pool = [-1] * len(buffers), [0] * len(buffers)
         else:
             offsets, rounded, arenas = self._at_plan_offsets(buffers)
+        storages = {t.storage: g for g, t in enumerate(self.planned or ())}
+        groups = [storages[self.planned[m].storage] if m >= 0 else -1 for m in self.matched]
         pairs = _planalloc.load_plan(self.handle, recording.sizes, offsets, rounded,
-                                     [self.at_offset(k) for k in range(len(buffers))], self.pool, arenas)
+                                     [self.at_offset(k) for k in range(len(buffers))], self.pool, groups, arenas)
         workspace = [b for b, m in zip(buffers, self.matched) if m < 0]
         named = sum(m >= 0 for m in self.matched)
 
@@ -356,6 +388,7 @@ class ArenaAllocator:
                        "planned_moved": len(self.moved),
                        "first_moved": self.request(min(self.moved)) if self.moved else None,
                        "workspace_requests": len(workspace), "workspace_bytes": layout.peak_live(workspace),
+                       "in_state_buffers": self.pool.count(AT_ADDRESS),
                        "arena_bytes": arenas[0], "peak_live_bytes": layout.peak_live(buffers),
                        "pools": {"device": pool(0), "slow": pool(1)},
                        "address_sharing_pairs": pairs, "seconds": time.perf_counter() - t}
@@ -366,8 +399,11 @@ class ArenaAllocator:
         nodes = node_at(self.recording.times, self.spans) if self.spans else None
         scratch = within_node(self.recording.lifetimes, nodes) if nodes else None
         self.matched = match(self.recording.sizes, self.planned, self.plan_alignment, nodes, scratch)
-        self.pool = [int(self.planned[m].tier != DEVICE) if m >= 0 else int(bool(nodes) and nodes[k] in self.slow_nodes)
-                     for k, m in enumerate(self.matched)]
+        # an output written over a state whose buffer was not given is served like kernel scratch
+        self.matched = [-1 if m >= 0 and self.planned[m].state is not None
+                        and self.planned[m].state not in self.state_addresses else m for m in self.matched]
+        self.pool = [(AT_ADDRESS if self.planned[m].state is not None else int(self.planned[m].tier != DEVICE))
+                     if m >= 0 else int(bool(nodes) and nodes[k] in self.slow_nodes) for k, m in enumerate(self.matched)]
         self._refuse_past_pools()
         # ORT may keep a tensor longer than the plan says: a kernel working in place (Relu, on
         # onnxruntime 1.19 even with memory reuse off) writes its output into its input, which then
@@ -398,10 +434,14 @@ class ArenaAllocator:
 
         self.served_at, self.moved = {}, set()
         offsets = [0] * len(buffers)
+        for k in at_plan:
+            if self.pool[k] == AT_ADDRESS:
+                offsets[k] = self.served_at[k] = self.state_addresses[self.planned[self.matched[k]].state]
         for q in (0, 1):  # the pools share no bytes: each is settled and fitted on its own
             mine = [k for k in at_plan if self.pool[k] == q]
             late = {i for i, k in enumerate(mine) if outlives(k)}
-            chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in mine], late)
+            chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in mine], late,
+                            [self.planned[self.matched[k]].storage for k in mine])
             self.moved |= {k for k, at in zip(mine, chosen) if at is None}
             served = {k: at for k, at in zip(mine, chosen) if at is not None}
             self.served_at |= served
@@ -421,7 +461,7 @@ class ArenaAllocator:
         """A request the plan names whose offset lies past the end of its tier's arena: the pool,
         which holds what the plan says, cannot serve it."""
         for k, m in enumerate(self.matched):
-            t = self.planned[m] if m >= 0 else None
+            t = self.planned[m] if m >= 0 and self.pool[k] != AT_ADDRESS else None
             if t is not None and t.offset + t.bytes > self.plan_arenas[self.pool[k]]:
                 raise RoamError(f"the plan places {t.name!r} ({t.bytes} bytes, made by node {t.node!r}) at offset "
                                 f"{t.offset} of the {t.tier} arena, which holds {self.plan_arenas[self.pool[k]]} bytes: "

@@ -38,7 +38,7 @@ from roam_cli.frontend.providers import arena_providers, check_device, check_run
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
 from roam_cli.runtime import collectives, shards, weights
-from roam_cli.runtime.allocator import ArenaAllocator, planned_requests, slow_nodes
+from roam_cli.runtime.allocator import ALIGNMENT, ArenaAllocator, planned_requests, slow_nodes
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
     RTOL,
@@ -60,6 +60,16 @@ class StepResult:
     outputs: dict[str, np.ndarray]  # the outputs that are not state (the loss, ...)
     seconds: float
     memory: dict = field(default_factory=dict)  # the allocator's figures for this step
+
+
+def aligned_copy(value: np.ndarray) -> np.ndarray:
+    """A copy of `value` whose data starts at a multiple of the allocator's ALIGNMENT: the plan's
+    allocator serves a request in a state's buffer only at an address of the request's alignment."""
+    raw = np.empty(value.nbytes + ALIGNMENT, dtype=np.uint8)
+    start = -raw.ctypes.data % ALIGNMENT
+    out = raw[start:start + value.nbytes].view(value.dtype).reshape(value.shape)
+    out[...] = value
+    return out
 
 
 class PlannedSession:
@@ -175,12 +185,22 @@ class PlannedSession:
         return [name for name in self.input_names if name in self.inplace.values()]
 
     def set_state(self, values: dict[str, np.ndarray]) -> None:
-        """The state's starting values (copied to the device; the session owns them from here)."""
+        """The state's starting values (copied to the device; the session owns them from here).
+        Each state keeps its buffer from the first call on: the plan's allocator serves the outputs
+        written over a state there (`ArenaAllocator.place_states`)."""
         missing = [name for name in self.state_names if name not in values]
         if missing:
             raise RoamError(f"no starting value for state {missing[0]!r}")
-        self.state = {name: ort.OrtValue.ortvalue_from_numpy(np.ascontiguousarray(values[name]).copy(), self.device, 0)
-                      for name in self.state_names}
+        for name in self.state_names:
+            value = np.ascontiguousarray(values[name])
+            held = self.state.get(name)
+            if (held is not None and held.shape() == list(value.shape)
+                    and held.element_type() == onnx.helper.np_dtype_to_tensor_dtype(value.dtype)):
+                held.update_inplace(value)
+            else:
+                self.state[name] = ort.OrtValue.ortvalue_from_numpy(aligned_copy(value), self.device, 0)
+        if self.arena is not None:
+            self.arena.place_states({name: v.data_ptr() for name, v in self.state.items()})
 
     def close(self) -> None:
         """End the session and give its arena back (the state stays readable). Safe after a failed

@@ -1,0 +1,283 @@
+#!/usr/bin/env python3
+"""Census of planning quality: every step form roam makes or reads, planned `off` and `free`, worst first.
+
+    /work/venvs/fused/bin/python benchmarks/census.py --build corpus,recipe     # torch (+ onnxruntime-training)
+    python benchmarks/census.py [--only corpus,recipe] [--json benchmarks/results/census.json]
+
+A step is planned twice, each by one `roam optimize STEP -o PLAN --jobs 2` under `/usr/bin/time -v`
+(scale.py's `plan`: wall and CPU seconds, peak RSS, then `roam verify`): `--recompute off --gap 0`
+(the order proven or as close as the search gets) and `--recompute free --gap 0.01` (the targets'
+settings). A row says the gap of the plan's peak to its order's lower bound, the layout's
+fragmentation (arena / peak - 1), and whether the free plan needs more device bytes than the off
+plan of the same step (never, by construction; checked). The table is sorted worst gap first.
+
+The families, each a folder of the cache (`--cache`, default /work/census_cache) or another
+benchmark's:
+- `corpus`: benchmarks/exporters_corpus.py's 26 architectures in tiny configurations, exported by
+  torch's exporter as users export them (dynamo, optimize=False and its default), each made into
+  a full AdamW step by `make-training-graph --loss cross-entropy --in-graph-optimizer` in float32,
+  and with `--precision bf16` and `fp16` (AMP, float32 masters). `--build corpus` makes them.
+- `recipe`: the three-script recipe of ../shared/bench/foreign-steps (transformers on the meta
+  device, `torch.onnx.export(dynamo=True, optimize=False, opset 18)`, ONNX Runtime's
+  `generate_artifacts` as it comes, AdamW appended as 14 plain nodes per parameter after the
+  whole backward): the shared LLaMA-2-7B step itself, and `--build recipe` makes LLaMA at other
+  sizes and batch shapes, LLaMA with grouped-query attention, and Qwen2 (biased q/k/v
+  projections, untied 152k-token head) with the recipe's own scripts (`--recipe`).
+- `amp`: benchmarks/amp_memory.py's bf16 AMP steps (GPT2-XL, LLaMA-7B; `--amp-cache`).
+- `scale`, `foreign`: benchmarks/scale.py's and foreign.py's families (their caches; build them there).
+- `ranks`: `roam shard --ranks N` of recipe steps (one rank of FSDP), planned as any step.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from scale import plan  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CACHE = Path("/work/census_cache")
+RECIPE = ROOT.parent / "shared" / "bench" / "foreign-steps"
+PRECISIONS = ("fp32", "bf16", "fp16")
+CORPUS_EXPORTERS = ("dynamo-optimize-false", "dynamo")
+# (name, architecture, layers, hidden, heads, kv heads, intermediate, vocab, batch, seq): the recipe's
+# steps beyond the shared one (LLaMA-2-70B's shape is the 70B class, LLaMA-3-405B's the 405B class)
+RECIPE_STEPS = (
+    ("llama-7b-4x1024", "llama", 32, 4096, 32, 32, 11008, 32000, 4, 1024),
+    ("llama-70b", "llama", 80, 8192, 64, 64, 28672, 32000, 1, 512),
+    ("llama-70b-gqa-2x2048", "llama", 80, 8192, 64, 8, 28672, 32000, 2, 2048),
+    ("llama-405b", "llama", 126, 16384, 128, 128, 53248, 32000, 1, 512),
+    ("qwen2-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 1, 512),
+)
+RANKS = (("llama-7b", 8, "nvlink4-gpu"), ("llama-70b", 64, "infiniband-ndr-gpu"))
+RUNS = (("off", "0"), ("free", "0.01"))
+
+
+def corpus_steps(cache: Path) -> list[tuple[str, Path]]:
+    return sorted((f"{p.parent.name}-{p.stem.split('.')[1]}", p) for p in (cache / "corpus").glob("*/step.*.onnx"))
+
+
+def build_corpus(cache: Path, only: list[str] | None) -> None:
+    """Each architecture exported each way, each export made into its steps; one process per export
+    (a failing exporter costs its cell, not the run)."""
+    import exporters_corpus as corpus
+
+    for name in only or corpus.configs():
+        for exporter in CORPUS_EXPORTERS:
+            folder = cache / "corpus" / f"{name}-{exporter}"
+            folder.mkdir(parents=True, exist_ok=True)
+            if not (folder / "model.onnx").exists():
+                proc = subprocess.run([sys.executable, __file__, "--export-cell", f"{name}:{exporter}", "--cache",
+                                       str(cache)], capture_output=True, text=True, timeout=600)
+                if proc.returncode:
+                    print(f"{folder.name}: export failed: {proc.stderr.strip().splitlines()[-1:]}", flush=True)
+                    continue
+            for precision in PRECISIONS:
+                step = folder / f"step.{precision}.onnx"
+                if step.exists():
+                    continue
+                made = subprocess.run([sys.executable, "-m", "roam_cli", "-q", "make-training-graph", "model.onnx",
+                                       "-o", step.name, "--loss", "cross-entropy", "--in-graph-optimizer",
+                                       *(["--precision", precision] if precision != "fp32" else [])],
+                                      cwd=folder, capture_output=True, text=True)
+                print(f"{folder.name} {precision}: {'made' if made.returncode == 0 else made.stderr.strip()[-200:]}",
+                      flush=True)
+
+
+def export_cell(cell: str, cache: Path) -> None:
+    import exporters_corpus as corpus
+
+    name, exporter = cell.split(":")
+    model, feeds, _ = corpus.model_and_batch(name)
+    corpus.export(model, feeds, exporter, cache / "corpus" / f"{name}-{exporter}" / "model.onnx")
+
+
+def recipe_export(arch: str, layers: int, hidden: int, heads: int, kv: int, inter: int, vocab: int, batch: int,
+                  seq: int, out: Path) -> None:
+    """The recipe's step 1 for `arch` (llama | qwen2): make/meta_export.py's export, with the key/value
+    heads and the architecture as parameters (its weights on the meta device, an external data file
+    never written)."""
+    import onnx
+    import torch
+    import transformers as hf
+    from onnx import TensorProto, helper
+
+    cls, config = {"llama": (hf.LlamaForCausalLM, hf.LlamaConfig), "qwen2": (hf.Qwen2ForCausalLM, hf.Qwen2Config)}[arch]
+    cfg = config(hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv,
+                 intermediate_size=inter, vocab_size=vocab, max_position_embeddings=4096, tie_word_embeddings=False)
+    cfg._attn_implementation = "eager"
+    with torch.device("meta"):
+        model = cls(cfg)
+
+    class Logits(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, ids):
+            return self.m(input_ids=ids, use_cache=False).logits.reshape(-1, vocab)
+
+    program = torch.onnx.export(Logits(model), (torch.randint(0, vocab, (batch, seq), device="meta"),), dynamo=True,
+                                opset_version=18, optimize=False)
+    program.save(str(out), include_initializers=False)
+    exported = onnx.load(str(out), load_external_data=False)
+    location, offset = out.name + ".data", 0
+    for name, value in program.model.graph.initializers.items():
+        dims = [int(d) for d in value.shape]
+        nbytes = int(torch.Size(dims).numel()) * helper.tensor_dtype_to_np_dtype(int(value.dtype)).itemsize
+        t = TensorProto(name=name, dims=dims, data_type=int(value.dtype), data_location=TensorProto.EXTERNAL)
+        for k, v in (("location", location), ("offset", str(offset)), ("length", str(nbytes))):
+            entry = t.external_data.add()
+            entry.key, entry.value = k, v
+        exported.graph.initializer.append(t)
+        offset += -(-nbytes // 4096) * 4096
+    onnx.save(exported, str(out))
+    with open(out.with_name(location), "wb") as f:
+        f.truncate(offset)  # sparse: no disk
+
+
+def build_recipe(cache: Path, recipe: Path, only: list[str] | None) -> None:
+    """Each of RECIPE_STEPS made by the recipe: the export above, then make/artifacts.py and
+    make/adamw_suffix.py as they come."""
+    for name, *shape in RECIPE_STEPS:
+        if only and name not in only:
+            continue
+        folder = cache / "recipe" / name
+        folder.mkdir(parents=True, exist_ok=True)
+        if (folder / "step.onnx").exists():
+            continue
+        if not (folder / "model.onnx").exists():
+            recipe_export(*shape, folder / "model.onnx")
+        data = (folder / "model.onnx.data").stat().st_size
+        subprocess.run([sys.executable, recipe / "make" / "artifacts.py", "model.onnx", "art", str(data)], cwd=folder,
+                       check=True, capture_output=True)
+        subprocess.run([sys.executable, recipe / "make" / "adamw_suffix.py", "art/training_model.onnx", "step.onnx"],
+                       cwd=folder, check=True)
+
+
+def recipe_steps(cache: Path, recipe: Path) -> list[tuple[str, Path]]:
+    shared = [("llama-7b", recipe / "llama7b.step.onnx")] if (recipe / "llama7b.step.onnx").exists() else []
+    return shared + sorted((p.parent.name, p) for p in (cache / "recipe").glob("*/step.onnx"))
+
+
+def rank_steps(cache: Path, recipe: Path) -> list[tuple[str, Path, str]]:
+    """(name, rank step, device profile) of RANKS, sharded now where not yet."""
+    steps = dict(recipe_steps(cache, recipe))
+    out = []
+    for name, ranks, device in RANKS:
+        if name not in steps:
+            continue
+        rank = cache / "ranks" / f"{name}-n{ranks}.onnx"
+        if not rank.exists():
+            rank.parent.mkdir(parents=True, exist_ok=True)
+            subprocess.run([sys.executable, "-m", "roam_cli", "-q", "shard", str(steps[name]), "--ranks", str(ranks),
+                            "-o", str(rank)], check=True)
+        out.append((f"{name}-n{ranks}", rank, device))
+    return out
+
+
+def cache_steps(folder: Path, pattern: str) -> list[tuple[str, Path]]:
+    return sorted((f"{p.parent.name}/{p.name}", p) for p in folder.glob(pattern)) if folder.exists() else []
+
+
+def row(family: str, name: str, step: Path, mode: str, gap: str, plans: Path, device: str | None) -> dict:
+    r = plan(f"{family}-{name.replace('/', '-')}", step, plans, mode, 2, gap, device)
+    return r | {"family": family, "step": name, "path": str(step)}
+
+
+def needed(r: dict) -> int | None:
+    return r["persistent_bytes"] + r["arena_bytes"] if "failed" not in r else None
+
+
+def table(rows: list[dict]) -> list[str]:
+    """The census, worst gap first, then its summary lines."""
+    by_step: dict[tuple[str, str], dict[str, dict]] = {}
+    for r in rows:
+        by_step.setdefault((r["family"], r["step"]), {})[r["mode"]] = r
+    lines = ["| family | step | recompute | peak GiB | bound GiB | gap | fragmentation | wall s | CPU s | RSS GiB | "
+             "verifies | free <= off |", "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---|---|"]
+    for r in sorted(rows, key=lambda r: -(r.get("gap") or 0) if "failed" not in r else -1e9):
+        pair = by_step[(r["family"], r["step"])]
+        if "failed" in r:
+            lines.append(f"| {r['family']} | {r['step']} | {r['mode']} | failed: {r['failed'][:120]} | | | | | | | | |")
+            continue
+        within = "–" if "free" not in pair or "off" not in pair or "failed" in pair["free"] or "failed" in pair["off"] \
+            else "yes" if needed(pair["free"]) <= needed(pair["off"]) else "NO"
+        lines.append(f"| {r['family']} | {r['step']} | {r['mode']} | {r['peak_live_bytes'] / 2**30:,.3f} | "
+                     f"{r['bound_bytes'] / 2**30:,.3f} | {100 * r['gap']:.2f} % | {100 * r['fragmentation']:.3f} % | "
+                     f"{r['seconds']:.1f} | {r['cpu_seconds']:.1f} | {r['rss_gib']:.2f} | "
+                     f"{'yes' if r['verified'] else 'NO'} | {within} |")
+    planned = [r for r in rows if "failed" not in r]
+    over = [r for r in planned if r["gap"] > 0.01]
+    free_above = [k for k, pair in by_step.items() if {"free", "off"} <= set(pair) and all(
+        "failed" not in pair[m] for m in pair) and needed(pair["free"]) > needed(pair["off"])]
+    lines += ["", f"{len(rows)} plans of {len(by_step)} steps: {len(planned) - len(over)} of {len(planned)} within 1 % "
+              f"of their bound ({100 * (len(planned) - len(over)) / max(len(planned), 1):.1f} %), the worst "
+              f"{100 * max((r['gap'] for r in planned), default=0):.2f} %; fragmentation at most "
+              f"{100 * max((r['fragmentation'] for r in planned), default=0):.3f} %; "
+              f"{len(rows) - len(planned)} failed; {sum(not r['verified'] for r in planned)} not verified; "
+              f"free above off on {len(free_above)} steps"]
+    return lines
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--only", default="corpus,recipe,amp,ranks", help="families: corpus, recipe, amp, scale, foreign, ranks")
+    ap.add_argument("--steps", help="only the steps whose name contains one of these (comma-separated)")
+    ap.add_argument("--cache", type=Path, default=CACHE)
+    ap.add_argument("--recipe", type=Path, default=RECIPE, help="the shared recipe's folder (its step and make/)")
+    ap.add_argument("--amp-cache", type=Path, default=Path("/work/amp_cache"))
+    ap.add_argument("--scale-cache", type=Path, default=Path("/work/scale_cache"))
+    ap.add_argument("--foreign-cache", type=Path, default=Path("/work/foreign_cache"))
+    ap.add_argument("--build", help="make these families' steps (corpus: torch; recipe: torch and onnxruntime-training)")
+    ap.add_argument("--plans", type=Path, help="keep the plans here (default: a temporary folder)")
+    ap.add_argument("--json", dest="json_out", type=Path)
+    ap.add_argument("--export-cell", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.export_cell:
+        export_cell(args.export_cell, args.cache)
+        return 0
+    picked = args.steps.split(",") if args.steps else None
+    if args.build:
+        for family in args.build.split(","):
+            {"corpus": lambda: build_corpus(args.cache, picked), "recipe": lambda: build_recipe(args.cache, args.recipe, picked)}[family]()
+        return 0
+    families = args.only.split(",")
+    work: list[tuple[str, str, Path, str | None]] = []
+    for family in families:
+        found = {"corpus": lambda: corpus_steps(args.cache),
+                 "recipe": lambda: recipe_steps(args.cache, args.recipe),
+                 "amp": lambda: cache_steps(args.amp_cache, "*/step.bf16.onnx"),
+                 "scale": lambda: cache_steps(args.scale_cache, "*/*step*.onnx"),
+                 "foreign": lambda: cache_steps(args.foreign_cache, "*/step.*.onnx"),
+                 "ranks": lambda: []}[family]()
+        work += [(family, name, path, None) for name, path in found]
+        if family == "ranks":
+            work += [(family, name, path, device) for name, path, device in rank_steps(args.cache, args.recipe)]
+    if picked:
+        work = [w for w in work if any(p in w[1] for p in picked)]
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        plans = args.plans or Path(tmp)
+        plans.mkdir(parents=True, exist_ok=True)
+        for family, name, path, device in work:
+            for mode, gap in RUNS:
+                rows.append(row(family, name, path, mode, gap, plans, device))
+                r = rows[-1]
+                print(f"{family} {name} {mode}: " + (r["failed"] if "failed" in r else
+                      f"gap {100 * r['gap']:.2f} %, fragmentation {100 * r['fragmentation']:.3f} %, {r['seconds']:.1f} s"),
+                      flush=True)
+                if args.json_out:
+                    args.json_out.write_text(json.dumps({"command": "python benchmarks/census.py " + " ".join(
+                        argv if argv is not None else sys.argv[1:]), "rows": rows}, indent=1) + "\n")
+    print("\n".join(table(rows)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
