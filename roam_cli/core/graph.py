@@ -6,6 +6,7 @@ Built once by `roam_cli.frontend.onnx_import`; never mutated afterwards. Node in
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cache
 
 import numpy as np
 from onnx import TensorProto, helper
@@ -40,6 +41,7 @@ def type_name(dtype: int) -> str:
     return np.dtype(helper.tensor_dtype_to_np_dtype(dtype)).name
 
 
+@cache
 def element_size(dtype: int) -> int:
     """Bytes per element; raises ValueError for types without a fixed byte size."""
     if dtype in (TensorProto.STRING, TensorProto.UNDEFINED):

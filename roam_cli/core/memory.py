@@ -421,15 +421,15 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set
     every order (`deps`, where they are not its ancestors already): the joins are the model's own,
     so the order search counts what they save and its bound holds for the plan it makes. With
     `order`, ORT's kernels are also joined where that order runs them last (ORT's planner follows
-    the order the step runs in). The storage is a node's transient output holding no graph output nor a value ORT folds
-    from constants (`folded`), or, for WRITE_OVER_OPS, a state the step writes its new value into
-    (`pairs`: output -> state), whose old value is then the input's, and whose writer reads the
-    output. Input and output have the same shape and element size. Nodes are taken in the file's
+    the order the step runs in). The storage is a node's transient output holding no graph output
+    nor a value ORT folds from constants (`folded`), or, for WRITE_OVER_OPS, a state the step
+    writes its new value into (`pairs`: output -> state), whose old value is then the input's,
+    and whose writer reads the output. Input and output have the same shape and element size. Nodes are taken in the file's
     order, then, for what `order` adds, in `order`, so a chain (Add -> Relu -> Tanh) joins one
     storage step by step. `find(name)`: (the root of name's storage, the links of storage_of from
     name to it)."""
     outputs = set(graph.outputs)
-    pos: dict[int, int] = {}
+    pos = {i: k for k, i in enumerate(order or ())}
     aliases_of: dict[str, list[str]] = {}
     for name, target in storage_of.items():
         aliases_of.setdefault(target, []).append(name)
@@ -509,21 +509,21 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set
 
     for i in range(len(graph.nodes)):  # the file's order: topological
         join(i, False)
-    if order is not None:
-        pos = {i: k for k, i in enumerate(order)}
-        for i in order:
-            join(i, True)
+    for i in order or ():
+        join(i, True)
     return found
 
 
 def not_ancestors(graph: Graph, i: int, others: set[int]) -> set[int]:
-    """The nodes of `others` not found among node i's ancestors within ANCESTOR_SEARCH nodes of a
-    search up from it (a farther one gets an edge it did not need)."""
+    """The nodes of `others` (before node i in the file, a topological order) not found among
+    node i's ancestors within ANCESTOR_SEARCH nodes of a search up from it, which passes no node
+    before the first of them (a farther one gets an edge it did not need)."""
     left, seen, stack = set(others), {i}, [i]
+    lowest = min(others, default=i)
     while left and stack and len(seen) <= ANCESTOR_SEARCH:
         for x in graph.nodes[stack.pop()].inputs:
             u = graph.producer.get(x)
-            if u is not None and u not in seen:
+            if u is not None and u >= lowest and u not in seen:
                 seen.add(u)
                 left.discard(u)
                 stack.append(u)
