@@ -213,24 +213,38 @@ def test_bad_order_options_are_refused_in_one_line(tmp_path):
 
 
 def test_a_tail_runs_where_its_peak_fits():
-    # Spine 0 -> 1 -> 2 -> 3; x (100 bytes, from 0) is read by 2. The tail 4 hangs off 1: it reads
-    # d (1 byte, from 1) and makes s (50), read by nobody. Run right after 1, its step holds x, d
-    # and s (151); run after 2 (x freed), 51, and 2's step 101 is the best order's peak. With a
-    # tail being a node without descendants, 3 is a tail too.
+    # Spine 0 -> 1 -> 2 -> 3; x (100,000 bytes, from 0) is read by 2. The tail 4 hangs off 1: it
+    # reads d (1,000 bytes, from 1) and makes s (50,000), read by nobody. Run right after 1, its
+    # step holds x, d and s (151,000); run after 2 (x freed), 51,000, and 2's step 101,000 is the
+    # best order's peak. With a tail being a node without descendants, 3 is a tail too.
     problem = Problem(((), (0,), (1,), (2,), (1,)),
-                      (Buffer(100, (0,), (2,)), Buffer(1, (1,), (4,)), Buffer(50, (4,), ())))
+                      (Buffer(100_000, (0,), (2,)), Buffer(1_000, (1,), (4,)), Buffer(50_000, (4,), ())))
     reference = [0, 1, 4, 2, 3]
-    assert peak(problem, reference) == 151
+    assert peak(problem, reference) == 151_000
     _, desc = reachability(problem)
     placement = tails.Tails(problem, reference, desc, tail_descendants=1)
     assert placement.spine == [0, 1, 2] and sorted(placement.tails) == [[3], [4]]
-    assert placement.schedule(101) == ([0, 1, 2, 3, 4], 101)
-    assert placement.schedule(160) == ([0, 1, 4, 2, 3], 151)  # fits at once under a high target
-    assert placement.schedule(140, cutoff=120) == ([0, 1, 2, 3, 4], 101)
-    order_, best = tails.improve(problem, reference, desc, 100, 151, tail_descendants=1)
-    assert best == 101 == peak(problem, order_) and is_topological(problem, order_)
-    # a gap that the reference's 151 is within (100 + 60 % of 100): nothing is scheduled
-    assert tails.improve(problem, reference, desc, 100, 151, tail_descendants=1, gap=0.6) == (reference, 151)
+    assert placement.schedule(101_000) == ([0, 1, 2, 3, 4], 101_000)
+    assert placement.schedule(160_000) == ([0, 1, 4, 2, 3], 151_000)  # fits at once under a high target
+    assert placement.schedule(140_000, cutoff=120_000) == ([0, 1, 2, 3, 4], 101_000)
+    order_, best = tails.improve(problem, reference, desc, 100_000, 151_000, tail_descendants=1)
+    assert best == 101_000 == peak(problem, order_) and is_topological(problem, order_)
+    # a gap that the reference's 151,000 is within (100,000 + 60 %): nothing is scheduled
+    assert tails.improve(problem, reference, desc, 100_000, 151_000, tail_descendants=1, gap=0.6) == (reference, 151_000)
+
+
+def test_scalars_every_update_reads_join_no_tails():
+    # Spine 0 (X, 100,000 B, read by 2 and 3); s (1: 256 B, a step counter made from nothing), read
+    # by both updates; with 3 (allocating nothing) the tails: g1 (2) -> u1 (4) and 3 -> g2 (5) -> u2
+    # (6), each gradient 10,000 B. With s a tail node (few descendants) the two updates would be
+    # one tail, placed whole; s is a scalar: each update is a tail of its own.
+    problem = Problem(((), (), (0,), (0,), (1, 2), (3,), (1, 5)),
+                      (Buffer(100_000, (0,), (2, 3)), Buffer(256, (1,), (4, 6)), Buffer(10_000, (2,), (4,)),
+                       Buffer(10_000, (5,), (6,))))
+    reference = list(range(7))
+    _, desc = reachability(problem)
+    placement = tails.Tails(problem, reference, desc, tail_descendants=3)
+    assert sorted(placement.tails) == [[2, 4], [3, 5, 6]] and 1 in placement.spine
 
 
 def test_a_scalar_the_reference_computes_late_runs_first_so_the_tail_reading_it_need_not_wait():

@@ -26,6 +26,10 @@ from roam_cli.order.problem import Problem, profile, reachability
 from roam_cli.solvers.maxflow import min_cut
 
 PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
+# ... on a problem of at most SMALL nodes, where a cut costs little: a step bound can be high at a
+# node whose step is not among the order's highest (fp16's check that every gradient is finite,
+# which every update waits for, one step below the updates that peak)
+SMALL, SMALL_PEAK_STEPS = 2048, 64
 PAIR_STEPS = 4  # ... and of those, how many get pair bounds where they stay below them,
 PARTNERS = 4  # each with at most this many partners
 
@@ -61,7 +65,8 @@ class Bound:
         those stay below them, by each such node's pair bounds with its partners."""
         if order:
             steps = profile(self.problem, order)
-            highest = sorted(range(len(order)), key=lambda s: -steps[s])[:PEAK_STEPS]
+            highest = sorted(range(len(order)), key=lambda s: -steps[s])[
+                :SMALL_PEAK_STEPS if self.problem.n <= SMALL else PEAK_STEPS]
             for step in highest:
                 if steps[step] <= self.value:
                     break

@@ -39,6 +39,13 @@ LEAF_STATES = 250_000  # down-sets the exhaustive search may visit (about a seco
 # suite's nine free plans and three 70B-class steps planned the same (BENCHMARKS.md, issue 40)
 LEAF_SEEN_BYTES = 32 * 2**20
 LEAF_SECONDS = 10.0
+# The whole problem, once the tree has merged up to it, where it is small: the exact search may
+# prove it where the bounds are one step at a time (a tiny model's step, weights outweighing
+# activations: 352 reduced nodes proven at 352,745 down-sets, 7.2 % above its bound)
+WHOLE_NODES = 2048
+WHOLE_STATES_FACTOR = 4  # times a leaf's states
+WHOLE_SEEN_BYTES = 256 * 2**20
+WHOLE_SECONDS = 10.0
 
 
 @dataclass(frozen=True)
@@ -48,6 +55,7 @@ class Leaf:
     warm: list[int]
     seconds: float
     states: int = LEAF_STATES
+    seen_bytes: int = LEAF_SEEN_BYTES
 
 
 @dataclass
@@ -69,7 +77,7 @@ class Stats:
 def solve_leaf(leaf: Leaf) -> tuple[list[int], bool]:
     """(order, proven optimal) for one canonical leaf."""
     bound = bounds.lower_bound(leaf.problem, leaf.warm)
-    states = min(leaf.states, LEAF_SEEN_BYTES // (8 * (leaf.problem.n // 64 + 1)))
+    states = min(leaf.states, leaf.seen_bytes // (8 * (leaf.problem.n // 64 + 1)))
     found = ideals.solve(leaf.problem, leaf.warm, states, time.perf_counter() + leaf.seconds, bound)
     return found.order, found.optimal
 
@@ -213,9 +221,9 @@ class Search:
             if key not in fresh or peak(canon, warm) < peak(canon, fresh[key]):
                 fresh[key] = warm
         self.stats.shapes_reused += len(placed) - len(fresh)
-        per_leaf = min(LEAF_SECONDS, max(1.0, self.deadline - time.perf_counter()))
+        left = max(1.0, self.deadline - time.perf_counter())
         keys = list(fresh)
-        tasks = [Leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], per_leaf, self.leaf_states) for k in keys]
+        tasks = [self.leaf(Problem(k[0], tuple(Buffer(*b) for b in k[1])), fresh[k], left) for k in keys]
         parallel = self.pool is not None and len(tasks) > 1
         for done, (key, (local, optimal)) in enumerate(
                 zip(keys, self.pool.map(solve_leaf, tasks) if parallel else map(solve_leaf, tasks)), 1):
@@ -231,6 +239,13 @@ class Search:
                 self.proven.add(seg)
             self.stats.leaves_solved += 1
         self.report("stitched")
+
+    def leaf(self, problem: Problem, warm: list[int], left: float) -> Leaf:
+        """A segment's task: a leaf's budget, or the whole problem's where it is small."""
+        if problem.n == self.rp.n and problem.n <= WHOLE_NODES:
+            return Leaf(problem, warm, min(WHOLE_SECONDS, left), self.leaf_states * WHOLE_STATES_FACTOR,
+                        WHOLE_SEEN_BYTES)
+        return Leaf(problem, warm, min(LEAF_SECONDS, left), self.leaf_states)
 
     def report(self, doing: str) -> None:
         s = self.stats

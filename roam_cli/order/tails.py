@@ -43,7 +43,13 @@ class Tails:
             self.rank[v] = i
         self.part = [-1] * n  # node -> its tail, -1 on the spine
         self.tails: list[list[int]] = []  # each in reference order
-        tail = [desc[v].bit_count() < tail_descendants for v in range(n)]
+        scalar = [False] * n  # made of scalars alone (the step counter, bias corrections)
+        for v in reference:  # its predecessors were seen
+            scalar[v] = (sum(problem.buffers[b].bytes for b in problem.allocs[v]) <= SCALAR_BYTES
+                         and all(scalar[u] for u in problem.preds[v]))
+        # A scalar every update reads is no tail's: on a small step it has few descendants, and
+        # would join every update into one tail, to be placed whole
+        tail = [desc[v].bit_count() < tail_descendants and not scalar[v] for v in range(n)]
         for v in range(n):
             if tail[v] and self.part[v] < 0:
                 self.part[v], stack, members = len(self.tails), [v], []
@@ -56,10 +62,7 @@ class Tails:
                             stack.append(y)
                 self.tails.append(sorted(members, key=self.rank.__getitem__))
         spine = [v for v in reference if self.part[v] < 0]
-        first = [False] * n
-        for v in spine if scalars_first else []:  # in reference order: its predecessors were seen
-            first[v] = (sum(problem.buffers[b].bytes for b in problem.allocs[v]) <= SCALAR_BYTES
-                        and all(first[u] for u in problem.preds[v]))
+        first = scalar if scalars_first else [False] * n
         self.spine = [v for v in spine if first[v]] + [v for v in spine if not first[v]]
         self.outside_preds = [0] * len(self.tails)  # edges into each tail from the spine
         for v in range(n):
