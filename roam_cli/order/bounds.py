@@ -46,14 +46,14 @@ class Bound:
 
     def __init__(self, problem: Problem, anc: list[int], desc: list[int]):
         self.problem, self.anc, self.desc = problem, anc, desc
-        surely = surely_live_at(problem, anc, desc)
-        self.value = max(int(surely.max(initial=0)), held_throughout(problem))
+        self.surely = surely_live_at(problem, anc, desc)
+        self.value = max(int(self.surely.max(initial=0)), held_throughout(problem))
         self.prefixes: dict[int, tuple[int, list[int]]] = {}  # node -> best_prefix()
         self.pairs: dict[tuple[int, int], int] = {}  # (u, v), u < v -> pair()
         # Where the most bytes are surely live (a training step's loss, with every kept activation)
         # the step minimum is high in every order, even where a poor order peaks elsewhere.
         if problem.n:
-            self.value = max(self.value, self.prefix(int(surely.argmax()))[0])
+            self.value = max(self.value, self.prefix(int(self.surely.argmax()))[0])
 
     def prefix(self, v: int) -> tuple[int, list[int]]:
         if v not in self.prefixes:
@@ -82,7 +82,8 @@ class Bound:
     def partners(self, v: int, order: list[int], steps: list[int]) -> list[int]:
         """The nodes to pair v with: those unordered with it that its outputs' readers wait for
         (were v to run first, its outputs would be live at their steps), where `order` holds the
-        most bytes first."""
+        most bytes, and where most bytes are surely live (the order's highest may be nodes as
+        free to run early as v: the other weights' transposes)."""
         n, p = self.problem.n, self.problem
         waited = 0
         for b in p.allocs[v]:
@@ -93,7 +94,9 @@ class Bound:
         found = np.flatnonzero(candidate)
         at = np.empty(n, dtype=np.int64)
         at[np.asarray(order, dtype=np.int64)] = np.asarray(steps, dtype=np.int64)
-        return found[np.argsort(-at[found], kind="stable")][:PARTNERS].tolist()
+        by_order = found[np.argsort(-at[found], kind="stable")][:PARTNERS // 2].tolist()
+        by_surely = found[np.argsort(-self.surely[found], kind="stable")][:PARTNERS].tolist()
+        return list(dict.fromkeys(by_order + by_surely))[:PARTNERS]
 
     def pair(self, v: int, u: int) -> int:
         key = (min(u, v), max(u, v))
