@@ -26,7 +26,9 @@ benchmark's:
   projections, untied 152k-token head) with the recipe's own scripts (`--recipe`).
 - `suite`: benchmarks/suite.py's graphs (GPT-2 small to XL, BERT, ViT, ResNet-50, T5; ONNX
   Runtime's artifacts training graphs and roam's full steps; `--suite-cache`).
-- `amp`: benchmarks/amp_memory.py's bf16 AMP steps (GPT2-XL, LLaMA-7B; `--amp-cache`).
+- `amp`: benchmarks/amp_memory.py's bf16 AMP steps (GPT2-XL, LLaMA-7B; `--amp-cache`), and roam's
+  bf16 AMP step of the recipe's Qwen2-7B export (`make-training-graph --in-graph-optimizer
+  --precision bf16`, made by `--build recipe`).
 - `scale`, `foreign`: benchmarks/scale.py's and foreign.py's families (their caches; build them there).
 - `ranks`: `roam shard --ranks N` of recipe steps (one rank of FSDP), planned as any step.
 """
@@ -60,6 +62,7 @@ RECIPE_STEPS = (
     ("qwen2-7b", "qwen2", 28, 3584, 28, 4, 18944, 152064, 1, 512),
 )
 RANKS = (("llama-7b", 8, "nvlink4-gpu"), ("llama-70b", 64, "infiniband-ndr-gpu"))
+RECIPE_AMP = ("qwen2-7b",)  # recipe exports also made into roam's bf16 AMP step (an architecture never tuned for)
 RUNS = (("off", "0"), ("free", "0.01"))
 
 
@@ -163,6 +166,12 @@ def build_recipe(cache: Path, recipe: Path, only: list[str] | None) -> None:
                        check=True, capture_output=True)
         subprocess.run([sys.executable, recipe / "make" / "adamw_suffix.py", "art/training_model.onnx", "step.onnx"],
                        cwd=folder, check=True)
+    for name in RECIPE_AMP:
+        folder = cache / "recipe" / name
+        if (folder / "model.onnx").exists() and not (folder / "step.bf16.onnx").exists():
+            subprocess.run([sys.executable, "-m", "roam_cli", "-q", "make-training-graph", "model.onnx", "-o",
+                            "step.bf16.onnx", "--loss", "cross-entropy", "--in-graph-optimizer", "--precision", "bf16"],
+                           cwd=folder, check=True)
 
 
 def recipe_steps(cache: Path, recipe: Path) -> list[tuple[str, Path]]:
@@ -277,7 +286,8 @@ def main(argv=None) -> int:
                  "recipe": lambda: recipe_steps(args.cache, args.recipe),
                  "suite": lambda: (cache_steps(args.suite_cache, "*/training_model.onnx")
                                    + cache_steps(args.suite_cache, "*/full_step.onnx")),
-                 "amp": lambda: cache_steps(args.amp_cache, "*/step.bf16.onnx"),
+                 "amp": lambda: (cache_steps(args.amp_cache, "*/step.bf16.onnx")
+                                 + cache_steps(args.cache / "recipe", "*/step.bf16.onnx")),
                  "scale": lambda: cache_steps(args.scale_cache, "*/*step*.onnx"),
                  "foreign": lambda: cache_steps(args.foreign_cache, "*/step.*.onnx"),
                  "ranks": lambda: []}[family]()

@@ -130,14 +130,23 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     placed, placed_peak = tails.improve(rp, start, desc, stats.lower_bound, peak(rp, start), gap=gap)
     if placed_peak < peak(rp, start):
         start, stats.reference = placed, f"{stats.reference}, tails placed"
-    sunk = sink.sink(rp, start)
-    if sunk != start:
-        start, stats.reference = sunk, f"{stats.reference}, sunk"
-    stats.lower_bound = bound.raised(start)
+        stats.lower_bound = bound.raised(start)
+    if peak(rp, start) > bounds.within_gap(stats.lower_bound, gap):  # nothing to gain where it is there
+        sunk = sink.sink(rp, start)
+        if sunk != start:
+            start, stats.reference = sunk, f"{stats.reference}, sunk"
+            stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target, leaf_states)
         best = search.run()
-    return red.expand(best), stats
+    found = red.expand(best)
+    if peak(problem, found) > bounds.within_gap(stats.lower_bound, gap) and not stats.proven_optimal:
+        # the reduction keeps the optimum, not each step's: a removed node's step (an update's first
+        # temporary, where its gradient is live) can have a higher minimum than any step left
+        say("roam: raising the bound on the whole problem")
+        stats.lower_bound = max(stats.lower_bound, bounds.lower_bound(problem, found))
+        stats.proven_optimal = peak(problem, found) <= stats.lower_bound
+    return found, stats
 
 
 class Search:
