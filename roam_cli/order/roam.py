@@ -131,11 +131,12 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     if placed_peak < peak(rp, start):
         start, stats.reference = placed, f"{stats.reference}, tails placed"
         stats.lower_bound = bound.raised(start)
-    if peak(rp, start) > bounds.within_gap(stats.lower_bound, gap):  # nothing to gain where it is there
-        sunk = sink.sink(rp, start)
-        if sunk != start:
-            start, stats.reference = sunk, f"{stats.reference}, sunk"
-            stats.lower_bound = bound.raised(start)
+    # also at the bound: sinking lowers the steps off the peak too, where a layout at the peak finds
+    # its room (BERT-large's free step: 0.161 % fragmentation after 21 s of layout search, 0.099 % in 0.5 s)
+    sunk = sink.sink(rp, start)
+    if sunk != start:
+        start, stats.reference = sunk, f"{stats.reference}, sunk"
+        stats.lower_bound = bound.raised(start)
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target, leaf_states)
         best = search.run()

@@ -35,6 +35,7 @@ class Sinking:
         self.pos = np.empty(problem.n, dtype=np.int64)
         self.pos[self.order] = np.arange(problem.n)
         self.live = np.asarray(profile(problem, self.order), dtype=np.int64)
+        self.arrays: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # buffer -> (allocators, readers)
         self.top = int(self.live.max(initial=problem.base))
 
     def run(self) -> list[int]:
@@ -69,19 +70,22 @@ class Sinking:
         stays = ~np.isin(window, members)
         rest = int(stays.sum())
         at_old = np.flatnonzero(stays) + first  # the old steps of the nodes the group passes
-        member_pos = self.pos[members]
+        member_pos = self.pos[members]  # ascending
+        new_place = dict(zip(members, range(first + rest, last + 1)))
 
-        def new_pos(w: int) -> int:
-            q = int(self.pos[w])
-            if q < first or q > last:
-                return q
-            if w in members:
-                return first + rest + members.index(w)
-            return q - int((member_pos < q).sum())
+        def new_pos(nodes: np.ndarray) -> np.ndarray:
+            """The steps of `nodes` after the move: the group's at the window's end, the others in
+            the window one earlier per member they pass."""
+            q = self.pos[nodes]
+            out = np.where((q >= first) & (q <= last), q - np.searchsorted(member_pos, q), q)
+            for k, w in enumerate(nodes.tolist()):
+                if w in new_place:
+                    out[k] = new_place[w]
+            return out
 
         touched = sorted({b for x in members for b in (*self.p.allocs[x], *self.p.reads[x])})
         sizes = [self.p.buffers[b].bytes for b in touched]
-        old = [self.span(b, lambda w: int(self.pos[w])) for b in touched]
+        old = [self.span(b, self.pos.__getitem__) for b in touched]
         new = [self.span(b, new_pos) for b in touched]
         # every other buffer: live at the same nodes; at the group's new steps, live as between the
         # window's last old step and the next
@@ -101,19 +105,26 @@ class Sinking:
         self.live[first:last + 1] = values
         return True
 
-    def span(self, b: int, position) -> tuple[int, int]:
-        """[first, last] step of buffer b, its nodes at `position(node)`; a buffer living to the
-        end lives past the last step (n)."""
-        buf = self.p.buffers[b]
-        first = min((position(a) for a in buf.alloc), default=0)
-        last = self.p.n if buf.to_end else max((position(r) for r in buf.readers), default=first)
+    def span(self, b: int, positions) -> tuple[int, int]:
+        """[first, last] step of buffer b, its nodes at `positions(array of nodes)`; a buffer living
+        to the end lives past the last step (n)."""
+        alloc, readers = self.ends(b)
+        first = int(positions(alloc).min()) if len(alloc) else 0
+        last = self.p.n if self.p.buffers[b].to_end else int(positions(readers).max()) if len(readers) else first
         return first, max(first, last)
+
+    def ends(self, b: int) -> tuple[np.ndarray, np.ndarray]:
+        """Buffer b's allocators and readers as arrays (made once)."""
+        if b not in self.arrays:
+            buf = self.p.buffers[b]
+            self.arrays[b] = np.asarray(buf.alloc, dtype=np.int64), np.asarray(buf.readers, dtype=np.int64)
+        return self.arrays[b]
 
     def freed_at(self, step: int) -> int:
         """Bytes live at `step` and not after it."""
         w = int(self.order[step])
         return sum(self.p.buffers[b].bytes for b in set(self.p.reads[w]) | set(self.p.allocs[w])
-                   if self.span(b, lambda x: int(self.pos[x]))[1] == step)
+                   if self.span(b, self.pos.__getitem__)[1] == step)
 
 
 def lower(new: np.ndarray, old: np.ndarray) -> bool:
