@@ -84,8 +84,23 @@ def layout_buffers(mm: memory.MemoryModel, order_: list[int]) -> list[tuple[int,
 
 def workspace_buffers(graph, order_: list[int], workspace: dict[str, list[int]]) -> list[tuple[str, int, int]]:
     """(node, step, bytes) of each workspace buffer of the graph's nodes, in plan order: live at its
-    node's step only. Nodes the graph lacks (calibrated on another graph) have none."""
-    return [(graph.nodes[i].name, step, b) for step, i in enumerate(order_) for b in workspace.get(graph.nodes[i].name, ())]
+    node's step only. A node recompute added was not calibrated: it takes the most workspace of a
+    calibrated node of its kernel (op, input and output types and shapes), its original's for a
+    copy; a replayed Dropout's Where, that of the backward's Where of the same shapes. Other nodes
+    the calibrated graph lacks have none."""
+    added = memory.recompute_copies(graph)
+
+    def kernel(n) -> tuple:
+        return n.op_type, n.domain, *((v.dtype, v.shape) if v else None
+                                      for v in map(graph.values.get, n.inputs + n.outputs))
+
+    of_kernel: dict[tuple, list[int]] = {}
+    for n in graph.nodes:
+        if n.name not in added:
+            mine, known = workspace.get(n.name, []), of_kernel.get(kernel(n), [])
+            of_kernel[kernel(n)] = max(mine, known, key=sum)
+    needs = {n.name: of_kernel.get(kernel(n), []) if n.name in added else workspace.get(n.name, []) for n in graph.nodes}
+    return [(graph.nodes[i].name, step, b) for step, i in enumerate(order_) for b in needs[graph.nodes[i].name]]
 
 
 def run(model_path: Path, plan_path: Path, options: Options, progress=None, ort_model: Path | None = None) -> Result:

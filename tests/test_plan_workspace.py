@@ -5,6 +5,9 @@ import json
 import pytest
 from conftest import ROOT, needs_ort_training, roam
 
+from roam_cli.core.graph import Graph, Node, Value
+from roam_cli.core.memory import RECOMPUTE_KEY
+from roam_cli.pipeline import workspace_buffers
 from roam_cli.runtime.allocator import PlannedTensor, fit_around, match, node_at, settle, within_node
 
 
@@ -43,6 +46,24 @@ def test_workspace_is_fitted_first_fit_around_the_fixed_buffers():
     fixed = [(0, 10, 256, 0), (0, 5, 256, 512)]
     # live with both: the gap at 256 fits 256 bytes, not 512; after 5 the 512-byte one fits at 256
     assert fit_around(fixed, [(1, 3, 256), (2, 4, 512), (6, 8, 512)]) == [256, 768, 256]
+
+
+def test_a_node_recompute_added_takes_the_workspace_of_a_calibrated_node_of_its_kernel():
+    f, b = 1, 9  # float, bool
+    values = {v.name: v for v in [Value("m", b, (4, 8)), Value("x", f, (4, 8)), Value("z", f, ()), Value("y", f, (4, 8)),
+                                  Value("y2", f, (4, 8)), Value("g", f, (4, 8)), Value("x3", f, (2, 8)),
+                                  Value("m3", b, (2, 8)), Value("y3", f, (2, 8))]}
+    nodes = [Node("where", "Where", "", ("m", "x", "z"), ("y",)),  # calibrated: 2 scratch buffers
+             Node("grad", "Where", "", ("m", "y", "z"), ("g",)),  # calibrated: none, same kernel
+             Node("where/recompute", "Where", "", ("m", "x", "z"), ("y2",)),  # a copy of `where`
+             Node("small/replay", "Where", "", ("m3", "x3", "z"), ("y3",))]  # no calibrated kernel of its shapes
+    graph = Graph(nodes, values, ["m", "x", "z", "m3", "x3"], [], ["g", "y2", "y3"], set(),
+                  {RECOMPUTE_KEY: '{"where/recompute": "where", "small/replay": "small"}'})
+    calibrated = {"where": [512, 256]}
+    # the copy takes the most of its kernel's calibrated nodes: where's two buffers, at its own step;
+    # an uncalibrated node of the input graph would have none
+    assert workspace_buffers(graph, [3, 2, 1, 0], calibrated) == [("where/recompute", 1, 512), ("where/recompute", 1, 256),
+                                                                   ("where", 3, 512), ("where", 3, 256)]
 
 
 @pytest.fixture(scope="module")
