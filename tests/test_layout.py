@@ -127,16 +127,18 @@ NEAR_BOUND = [(4, 5, 3), (0, 7, 5), (6, 8, 1), (2, 4, 7), (2, 6, 1), (4, 8, 10),
 def test_the_search_stops_once_the_arena_is_within_the_gap():
     exact = layout.place(NEAR_BOUND, "roam", time_limit=10.0)
     assert exact.stats["heuristic_arena"] == 20 and exact.arena == 19 and exact.stats["searched"] == 1
-    # 20 is within 1/19 of 19: the heuristics' layout stands, nothing is searched
+    # 20 is within 1/19 of 19: the heuristics' layout would do; one short probe at the bound
+    # still runs, and here it fits
     near = layout.place(NEAR_BOUND, "roam", time_limit=10.0, gap=1 / 19)
-    assert near.arena == 20 and near.stats["searched"] == 0
+    assert near.arena == 19 and [p["target"] for p in near.stats["pieces"][0]["probes"]] == [19]
     # a gap that 20 exceeds: the search runs and reaches the bound as before
     assert layout.place(NEAR_BOUND, "roam", time_limit=10.0, gap=0.05).arena == 19
-    # sizes x10 (peak 190, heuristics 200) and a gap of 9/190: any height up to 199 will do, so
-    # the one probe is at 199, not at the bound
-    tenfold = [(lo, hi, 10 * size) for lo, hi, size in NEAR_BOUND]
-    within = layout.place(tenfold, "roam", time_limit=10.0, gap=9 / 190)
-    assert [p["target"] for p in within.stats["pieces"][0]["probes"]] == [199] and within.arena <= 199
+    # ABOVE_BOUND's bound (30) is infeasible: with a gap of 1/30 the probe at the bound fails (a
+    # proof), the one at 31, the gap's height, fits: two probes
+    above = layout.place(ABOVE_BOUND, "roam", time_limit=10.0, gap=1 / 30)
+    assert [(p["target"], p["status"]) for p in above.stats["pieces"][0]["probes"]] == [(30, "infeasible"),
+                                                                                           (31, "solved")]
+    assert above.arena == 31 and above.stats["solver_status"] == "optimal"
 
 
 def test_ilp_finds_the_same_optimum():
