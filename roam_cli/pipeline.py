@@ -17,12 +17,7 @@ from roam_cli.core.errors import CheckFailed
 from roam_cli.core.fileio import check_output_path
 from roam_cli.core.forking import beside
 from roam_cli.cost import profile as cost_profile
-from roam_cli.frontend.onnx_import import (
-    Imported,
-    external_data_files,
-    import_model,
-    load_model,
-)
+from roam_cli.frontend.onnx_import import Imported, import_model, load_model
 from roam_cli.lower import LOWERED_FROM_KEY
 from roam_cli.offload import planner, prefetch
 from roam_cli.order.bounds import lower_bound
@@ -448,7 +443,7 @@ def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[
     changed = result.imported.renamed or ort_graph or "recompute" in plan or "tiers" in plan
     if annotated_path is None and changed:
         annotated_path = default_annotated_path(plan_path)
-        check_output_path(annotated_path, [result.source, plan_path])
+        check_output_path(annotated_path, [result.source], [plan_path])
     written: dict[Path, bytes | str | Path] = {}
     if annotated_path is not None:
         # ORT's graph names its weights file beside it, which moves beside the annotated model
@@ -464,8 +459,7 @@ def files(result: Result, plan_path: Path, annotated_path: Path | None) -> dict[
             result.notes.append(f"the plan refers to {annotated_path}, which carries {what}")
         if result.weights is not None:
             target = annotated_path.with_name(result.weights.name)
-            source_weights = [result.source.parent / f for f in external_data_files(load_model(result.source)[0])]
-            check_output_path(target, [result.source, plan_path, *source_weights])
+            check_output_path(target, [result.source], [plan_path])
             written[target] = result.weights
     written[plan_path] = plan_io.dumps(plan)
     return written

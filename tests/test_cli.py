@@ -211,6 +211,8 @@ def test_usage_errors_exit_2(tmp_path):
     assert r.code == 2 and "NAME=VALUE" in r.err
     r = roam("report", tmp_path / "nothing.json")
     assert r.code == 2 and "no such plan file" in r.err
+    r = roam("report", tmp_path)
+    assert r.code == 2 and "a directory, not a plan file" in r.err
     (tmp_path / "x.json").write_text("{}")
     assert roam("report", tmp_path / "x.json").code == 2
 
@@ -246,6 +248,10 @@ def test_a_budget_of_nothing_is_refused(tmp_path, command, budget):
 @pytest.mark.parametrize("command, option, bad", [
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--jobs", "0"),
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "-1"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "nan"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "inf"),
+    (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--time-limit", "soon"),
+    (["train", str(SAMPLE), "--plan", "{d}/old.json"], "--timeout", "nan"),
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--gap", "-0.1"),
     (["optimize", str(SAMPLE), "-o", "{d}/plan.json"], "--gap", "2"),
     (["max-batch", str(SAMPLE), "--budget", "1GiB"], "--jobs", "0"),

@@ -323,4 +323,7 @@ def test_output_that_is_a_link_to_the_input_is_refused(tmp_path):
     code, err = main_in_process(["optimize", str(path), "-o", str(tmp_path / "plan.json"),
                                  "--annotated-model", str(tmp_path / "hardlink.json")])
     assert code == 2 and "same file as input" in err
+    code, err = main_in_process(["optimize", str(path), "-o", str(tmp_path / "plan.json"),
+                                 "--annotated-model", str(tmp_path / "plan.json")])
+    assert code == 2 and "same file as output" in err and "--annotated-model" not in err, err
     assert path.read_bytes() == original and not (tmp_path / "plan.json").exists()

@@ -368,3 +368,22 @@ def test_sequence_seen_only_by_onnx_runtime_is_refused(tmp_path):
     m = sequence_output()
     with pytest.raises(RoamError, match="'s' is not a tensor"):
         shapes_from_run(m, tmp_path / "m.onnx", ["s"])
+
+
+def test_inputs_that_are_not_an_npz_of_plain_arrays_are_refused_naming_why(tmp_path):
+    from roam_cli.core.fileio import read_arrays
+
+    (tmp_path / "text.npz").write_text("x = 1\n")  # numpy takes a file of no known magic for a pickle
+    np.save(tmp_path / "one.npy", np.zeros(3))
+    np.savez(tmp_path / "objects.npz", x=np.array([{"a": 1}], dtype=object))
+    import zipfile
+    with zipfile.ZipFile(tmp_path / "member.npz", "w") as z:  # a member that is not an .npy file
+        z.writestr("notes.txt", b"hello")
+    np.savez(tmp_path / "good.npz", x=np.arange(3))
+    for name, said in (("text.npz", "not an .npz file (a zip archive"), ("one.npy", "not an .npz file (a zip archive"),
+                       ("objects.npz", "Python objects"), ("member.npz", "member 'notes.txt' is not an array"),
+                       ("missing.npz", "no such file")):
+        with pytest.raises(RoamError) as refused:
+            read_arrays(tmp_path / name, "--inputs")
+        assert str(refused.value).startswith(f"--inputs {tmp_path / name}: ") and said in str(refused.value)
+    assert read_arrays(tmp_path / "good.npz", "--inputs")["x"].tolist() == [0, 1, 2]

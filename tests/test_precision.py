@@ -144,7 +144,8 @@ def test_loss_scaling_skips_the_update_on_an_overflow_and_grows_the_scale_after_
     maths) moves each weight by the learning rate against its gradient's sign: m / sqrt(v) = g / |g|."""
     r = roam("make-training-graph", linear_export(tmp_path), "-o", tmp_path / "step.onnx", "--loss",
              "cross-entropy", "--in-graph-optimizer", "--precision", "fp16", "--grad-scaler", "growth_interval=2",
-             "--optimizer-setting", "convention=pytorch", "--optimizer-setting", "eps=0")
+             "--optimizer-setting", "convention=pytorch", "--optimizer-setting", "eps=0",
+             "--optimizer-setting", "weight_decay=0")
     assert r.code == 0, r.err
     step = onnx.load(tmp_path / "step.onnx")
     assert json.loads(next(p.value for p in step.metadata_props if p.key == "roam.initial_state")) == {LOSS_SCALE: 65536.0}

@@ -142,6 +142,18 @@ def test_n_ranks_train_as_the_whole_step_does_every_request_at_its_plan_offset(s
             assert m["served_at_plan_offset"] == m["requests"] == m["planned_requests"] and m["unplanned"] == 0
 
 
+@needs_mpi
+def test_ranks_started_from_a_source_tree_import_the_roam_that_launched_them(steps, tmp_path):
+    # a clone's root, where the README's set-up leaves a user: a `roam_cli` there that is not the
+    # installed one (here one that cannot be imported) must not shadow it in the ranks
+    (tmp_path / "roam_cli").mkdir()
+    (tmp_path / "roam_cli" / "__init__.py").write_text("raise ImportError('the source tree, not the install')\n")
+    launcher = Path(sys.executable).parent / "roam"  # the console script pip installed: no folder on its path
+    proc = subprocess.run([launcher, "train", steps / "rank2.onnx", "--plan", steps / "rank2.plan.json", "--ranks", "2",
+                           "--steps", "2", "--inputs", steps / "inputs.npz"], cwd=tmp_path, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
 def start_long_run(steps, tmp_path, timeout):
     """A run of a million steps, its run folder in tmp_path; returns (process, the folder) once every
     rank has finished 3 steps."""
@@ -200,6 +212,17 @@ def test_a_hung_rank_is_named_and_every_rank_ended_at_the_timeout(steps, tmp_pat
     assert err.startswith("roam: rank 0 hung in step ") and "timeout (3 s)" in err
     assert 3 <= seconds < 10 and all(gone(pid) for pid in ids)
     assert not (tmp_path / "trained.npz").exists() and not folder.exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("stop, said, code", [(signal.SIGINT, "interrupted", 130), (signal.SIGTERM, "terminated", 143)])
+def test_the_launcher_stopped_ends_every_rank_says_so_and_leaves_nothing(steps, tmp_path, stop, said, code):
+    proc, folder = start_long_run(steps, tmp_path, timeout=30)
+    ids = pids(folder)
+    proc.send_signal(stop)
+    err = proc.communicate(timeout=30)[1]
+    assert (proc.returncode, err) == (code, f"roam: {said}\n")
+    assert all(gone(pid) for pid in ids) and not folder.exists() and not (tmp_path / "trained.npz").exists()
 
 
 def test_a_rank_starting_is_given_start_s_not_the_step_timeout(tmp_path):

@@ -162,6 +162,10 @@ def test_inputs_give_the_starting_state_and_one_batch_per_step(sample_step, tmp_
     # learning rate 0 leaves the weights; Dropout draws the same masks in both runs: steps 1 and 3
     # see batch 1 in both, step 2 batch 2 in one of them
     assert cycled[0] == same[0] and cycled[2] == same[2] and cycled[1] != same[1]
+    assert runs["b"]["non_finite_inputs"] == []
+    np.savez(tmp_path / "nan.npz", input_ids=batches[0], learning_rate=np.array([np.nan], np.float32))
+    r = roam("train", d / "step.onnx", "--plan", d / "plan.json", "--steps", "1", "--inputs", tmp_path / "nan.npz")
+    assert r.code == 0 and "warning: --inputs holds NaN or infinity in 'learning_rate'" in r.out, r.out + r.err
 
 
 @pytest.mark.parametrize("args, message", [

@@ -424,6 +424,15 @@ def test_the_two_adamw_conventions_differ_where_eps_meets_the_bias_correction():
     np.testing.assert_allclose(ort_way, [-np.sqrt(1e-3) * 1e-4 / 0.1 / (np.sqrt(1e-3) * 1e-3 + 1e-3)])
 
 
+def test_convention_pytorch_is_torch_optim_adamw_whole_its_defaults_too():
+    # torch.optim.AdamW(): eps 1e-8, weight decay 0.01; ONNX Runtime's onnxblock AdamW: 1e-6 and 0
+    assert training_graph.in_graph_optimizer("adamw", {"convention": "pytorch"}, True) == \
+        AdamW(eps=1e-8, weight_decay=0.01, convention="pytorch")
+    assert training_graph.in_graph_optimizer("adamw", {"convention": "pytorch", "weight_decay": "0"}, True) == \
+        AdamW(eps=1e-8, weight_decay=0.0, convention="pytorch")
+    assert training_graph.in_graph_optimizer("adamw", {}, True) == AdamW(eps=1e-6, weight_decay=0.0)
+
+
 def test_ort_artifacts_cross_entropy_refuses_logits_with_a_sequence_axis():
     # onnxblock would write a step that loads and fails when run: labels [B, S] against classes read
     # at axis 1. Refused before onnxruntime-training is needed.

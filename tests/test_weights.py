@@ -7,11 +7,13 @@ import struct
 
 import numpy as np
 import onnx
+import pytest
 from conftest import roam
 from onnx import numpy_helper
 from onnx_builder import save
 from test_recover import dynamo_tied_lm
 
+from roam_cli.core.errors import RoamError
 from roam_cli.runtime import weights
 
 IDS = np.array([[0, 1, 2, 3], [4, 3, 2, 1]])
@@ -64,8 +66,7 @@ def test_a_trained_folded_weight_goes_back_in_pytorchs_layout_and_its_constant_i
 def test_safetensors_holds_each_tensor_at_its_offsets_with_the_ties_in_its_metadata(tmp_path):
     a = np.arange(6, dtype=np.float32).reshape(2, 3)
     b = np.array([7], np.int64)
-    weights.write_weights(tmp_path / "w.safetensors", {"a.weight": a, "b": b}, {"head.weight": "a.weight"})
-    raw = (tmp_path / "w.safetensors").read_bytes()
+    raw = weights.weights_bytes(tmp_path / "w.safetensors", {"a.weight": a, "b": b}, {"head.weight": "a.weight"})
     (n,) = struct.unpack("<Q", raw[:8])
     header = json.loads(raw[8:8 + n])
     assert (8 + n) % 8 == 0
@@ -92,11 +93,37 @@ def test_save_options_refuse_in_one_line_and_write_nothing(tmp_path):
     assert not (tmp_path / "m.onnx").exists() and not (tmp_path / "w.bin").exists()
 
 
+def test_no_output_is_written_over_the_export_its_data_or_the_inputs(tmp_path):
+    trained(tmp_path, 0.0)
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    train = ("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1)
+    for option, path, said in (("--save-model", "lm.onnx", "same file as input"),  # the export the weights come from
+                               ("--save-weights", "batch.npz", "same file as input"),  # --inputs
+                               ("--save-model", "step.onnx", "same file as input")):
+        r = roam(*train, "--inputs", tmp_path / "batch.npz", option, tmp_path / path)
+        assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    # an export whose weights are external data: neither the data file nor a model whose own data
+    # file would be it may be an output
+    m, _, _ = dynamo_tied_lm()
+    onnx.save_model(m, str(tmp_path / "ext.onnx"), save_as_external_data=True, location="ext.onnx.data",
+                    size_threshold=0)
+    for out in ("ext.onnx.data", "ext.onnx"):
+        r = roam("make-training-graph", tmp_path / "ext.onnx", "-o", tmp_path / out, "--loss", "cross-entropy")
+        assert r.code == 2 and "same file as" in r.err and len(r.err.strip().splitlines()) == 1, r.err
+    r = roam("make-training-graph", tmp_path / "ext.onnx", "-o", tmp_path / "ext.onnx.data", "--loss", "cross-entropy")
+    assert "the external data of input" in r.err
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+
+
 def test_optimizer_settings_are_checked_before_any_work(tmp_path):
     m, _, _ = dynamo_tied_lm()
     save(m, tmp_path / "lm.onnx")
     for setting, said in (("eps=abc", "'abc' is not a float"), ("momentum=0.9", "adamw has beta1, beta2, convention, eps"),
-                          ("convention=keras", "convention 'keras': choose onnxruntime or pytorch")):
+                          ("convention=keras", "convention 'keras': choose onnxruntime or pytorch"),
+                          ("beta1=7", "betas must lie in [0, 1)"), ("beta2=nan", "betas must lie in [0, 1)"),
+                          ("eps=-1", "eps and weight_decay be finite and >= 0"),
+                          ("weight_decay=-5", "eps and weight_decay be finite and >= 0"),
+                          ("weight_decay=inf", "eps and weight_decay be finite and >= 0")):
         r = roam("make-training-graph", tmp_path / "lm.onnx", "-o", tmp_path / "s.onnx", "--loss", "cross-entropy",
                  "--in-graph-optimizer", "--optimizer-setting", setting)
         assert r.code == 2 and said in r.err and len(r.err.strip().splitlines()) == 1, r.err
@@ -120,3 +147,15 @@ def test_a_step_whose_export_cannot_be_read_is_trained_from_synthetic_weights_an
     r = roam("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1, "--save-model",
              tmp_path / "m.onnx")
     assert r.code == 2 and "is not there" in r.err and not (tmp_path / "m.onnx").exists()
+
+
+def test_the_weights_and_the_model_are_written_together_or_not_at_all(tmp_path):
+    # the export to write the trained model into is gone by the end of the run: the weights, which
+    # could be written, are not either
+    gone = weights.Source(tmp_path / "gone.onnx", {}, {})
+    with pytest.raises(RoamError, match="cannot read the weights of"):
+        weights.save_trained(tmp_path / "w.npz", tmp_path / "trained.onnx", gone, {"w": np.ones(2, np.float32)})
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    written = weights.save_trained(tmp_path / "w.npz", None, gone, {"w": np.ones(2, np.float32)})
+    assert written == {"saved_weights": str(tmp_path / "w.npz")}
+    assert np.load(tmp_path / "w.npz")["w"].tolist() == [1, 1]

@@ -5,13 +5,15 @@ modules beside this one, by what they work on: `planning` (optimize, max-batch, 
 (verify, report, plot, export), `running` (execute, train), `graphs` (make-training-graph, lower,
 emulate) and `solving` (remat, layout-csv)."""
 
+import math
 import os
+import signal
 import sys
 
 import click
 from rich.console import Console
 from roam_cli import __version__
-from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, Stopped
 from roam_cli.core.units import parse_bytes
 from roam_cli.outputs import report as report_mod
 
@@ -72,7 +74,24 @@ class ByteSize(click.ParamType):
 
 
 JOBS = click.IntRange(min=1)  # --jobs: parallel solver processes
-SECONDS = click.FloatRange(min=0, min_open=True)  # --time-limit
+
+
+class Seconds(click.ParamType):
+    """A duration: finite and above 0 (click's FloatRange lets NaN and infinity through)."""
+
+    name = "SECONDS"
+
+    def convert(self, value, param, ctx):
+        try:
+            seconds = float(value)
+        except ValueError:
+            seconds = math.nan
+        if not 0 < seconds < math.inf:
+            self.fail(f"{value} is not a finite number of seconds above 0", param, ctx)
+        return seconds
+
+
+SECONDS = Seconds()  # --time-limit, --timeout
 GAP = click.FloatRange(min=0, max=1)  # --gap: a fraction
 
 
@@ -108,15 +127,20 @@ def split_names(values: tuple[str, ...]) -> list[str]:
     return [name for v in values for name in v.split(",") if name]
 
 
+def stop(signum, frame) -> None:
+    raise Stopped(signum)
+
+
 def main() -> None:
+    before = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = cli.main(standalone_mode=False)
     except click.exceptions.Exit as e:
         code = e.exit_code
-    except click.exceptions.Abort:
-        err.print("roam: interrupted", highlight=False)
-        code = 130
-    except KeyboardInterrupt:
+    except Stopped as e:
+        print(f"roam: {'terminated' if e.signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        code = 128 + e.signum
+    except (click.exceptions.Abort, KeyboardInterrupt):
         print("roam: interrupted", file=sys.stderr)
         code = 130
     except click.UsageError as e:
@@ -143,6 +167,8 @@ def main() -> None:
         print(f"roam: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
               "(set ROAM_DEBUG=1 for a traceback)", file=sys.stderr)
         code = 3
+    for signum, handler in before.items():  # main may run inside another program (the tests)
+        signal.signal(signum, handler)
     sys.exit(code if isinstance(code, int) else 0)
 
 

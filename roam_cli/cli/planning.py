@@ -116,7 +116,7 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
     if ort_optimized is not None and annotated_model is None:  # the plan's graph: written whether asked for or not
         annotated_model = pipeline.default_annotated_path(plan_path)
     if annotated_model is not None:
-        check_output_path(annotated_model, [model, plan_path])
+        check_output_path(annotated_model, [model], [plan_path])
     options = pipeline.Options(
         dims=parse_pairs(dims, "--dim", True), alignment=alignment, order=order_strategy,
         layout=layout_strategy or layout.STRATEGIES[0], shapes_from_run=shapes_from_run,

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from roam_cli.cli import Progress, cli, out
+from roam_cli.cli import SECONDS, Progress, cli, out
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_path
@@ -78,7 +78,7 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--ranks", type=int, metavar="N",
               help="MODEL is the step of one of N ranks (roam shard): run it on N processes over MPI "
                    "(pip install mpich mpi4py onnxruntime-extensions), each with its shards and its rows of each batch.")
-@click.option("--timeout", default=300.0, show_default=True, type=float, metavar="SECONDS",
+@click.option("--timeout", default=300.0, show_default=True, type=SECONDS,
               help="With --ranks: the longest a step may take on every rank (the first counts from when every rank "
                    "has started); past it the run is a hang, and every rank is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
@@ -119,9 +119,13 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
 
+    from roam_cli.runtime.weights import source_export
+
     outputs = [p for p in (save_weights, save_model) if p is not None]
+    # the starting weights are read from --inputs, else from the export the step records
+    read = [p for p in (model, plan_path, inputs_path, source_export(model) if outputs else None) if p is not None]
     for i, path in enumerate(outputs):
-        check_output_path(path, [model, plan_path, *outputs[:i]])
+        check_output_path(path, read, outputs[:i])
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     if ranks is not None:

@@ -14,6 +14,16 @@ class RoamBug(Exception):
     The CLI prints the message as one line and exits 3, as for any internal error."""
 
 
+class Stopped(BaseException):
+    """SIGINT or SIGTERM, raised by the CLI's handlers: every cleanup runs, as for Ctrl-C, and the
+    CLI says which (exit 128 + the signal). Not a KeyboardInterrupt, which click would answer with
+    a blank line of its own."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+
+
 def first_line(e: Exception) -> str:
     """An exception's message as one line (ONNX Runtime's span many), for a RoamError that wraps it."""
     return (str(e).strip().splitlines() or [type(e).__name__])[0][:300]

@@ -1,12 +1,16 @@
-"""Output safety: outputs never clobber inputs and are never left half-written; and JSON inputs
-read with one clear line for any unreadable file."""
+"""Output safety: outputs never clobber inputs and are never left half-written; and JSON and
+.npz inputs read with one clear line for any unreadable file."""
 
 import json
 import os
 import tempfile
+import zipfile
 from pathlib import Path
 
-from roam_cli.core.errors import RoamError
+import numpy as np
+import onnx
+
+from roam_cli.core.errors import RoamError, first_line
 
 
 def read_json(path: str | os.PathLike):
@@ -15,6 +19,47 @@ def read_json(path: str | os.PathLike):
         return json.loads(Path(path).read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
         raise RoamError(f"cannot read {path}: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
+
+
+def read_arrays(path: str | os.PathLike, option: str) -> dict:
+    """The arrays of the .npz at `path` by name; RoamError, naming `option` and the file, for a file
+    that is not an .npz of plain arrays (numpy would read any file that is not an archive as a
+    pickle, and return a member that is not an .npy file as bytes)."""
+    try:
+        if not Path(path).is_file():
+            raise RoamError(f"{option} {path}: " + ("not a file" if Path(path).exists() else "no such file"))
+        if not zipfile.is_zipfile(path):
+            raise RoamError(f"{option} {path}: not an .npz file (a zip archive of .npy arrays, as numpy.savez writes)")
+        with np.load(path, allow_pickle=False) as npz:
+            arrays = {k: npz[k] for k in npz.files}
+    except ValueError as e:
+        why = "it holds Python objects, which roam does not unpickle" if "pickle" in str(e) else first_line(e)
+        raise RoamError(f"{option} {path}: not an .npz file of arrays ({why})") from None
+    except (OSError, EOFError, zipfile.BadZipFile) as e:
+        raise RoamError(f"{option} {path}: not a readable .npz file ({first_line(e)})") from None
+    for name, value in arrays.items():
+        if not isinstance(value, np.ndarray):
+            raise RoamError(f"{option} {path}: member {name!r} is not an array (.npy)")
+    return arrays
+
+
+def external_data_files(model: onnx.ModelProto) -> set[str]:
+    """The files, relative to the model's folder, that hold its initializers' external data."""
+    return {kv.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
+            for kv in t.external_data if kv.key == "location"}
+
+
+def with_data_files(path: str | os.PathLike) -> list[Path]:
+    """An ONNX model and the external-data files it names; any other file (or one onnx cannot
+    read) alone. A model's data is as much the user's as the model."""
+    path = Path(path)
+    if path.suffix != ".onnx" or not path.is_file():
+        return [path]
+    try:
+        model = onnx.load_model(str(path), load_external_data=False)
+    except Exception:  # not ONNX after all: the command reading it says so
+        return [path]
+    return [path] + [path.parent / f for f in sorted(external_data_files(model))]
 
 
 def _umask() -> int:
@@ -26,20 +71,32 @@ def _umask() -> int:
 NEW_FILE_MODE = 0o666 & ~_umask()  # what open() gives a new file
 
 
-def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike]) -> Path:
-    """Refuse, before any work is done, an output that is an input or cannot be written."""
+def same_file(a: Path, b: Path) -> bool:
+    return a.resolve() == b.resolve() or (a.exists() and b.exists() and os.path.samefile(a, b))
+
+
+def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike],
+                      outputs: list[str | os.PathLike] = ()) -> Path:
+    """Refuse, before any work is done, an output that cannot be written, or that is an input, an
+    input model's external-data file, or another of the command's `outputs` — it, or (where the
+    output is a model) the `.data` file roam writes beside a model too large for one file."""
     out = Path(out)
-    for inp in inputs:
-        inp = Path(inp)
-        if out.resolve() == inp.resolve() or (out.exists() and inp.exists() and os.path.samefile(out, inp)):
-            raise RoamError(f"output path {out} is the same file as input {inp}; choose another output")
+    written = [out, out.with_name(out.name + ".data")] if out.suffix == ".onnx" else [out]
+    taken = [(given, f"input {inp}" if given == Path(inp) else f"{given}, the external data of input {inp}")
+             for inp in inputs for given in with_data_files(inp)] + [(Path(o), f"output {o}") for o in outputs]
+    for path in written:
+        for given, what in taken:
+            if same_file(path, given):
+                mine = "" if path == out else f" (its external data, {path.name})"
+                raise RoamError(f"output path {out}{mine} is the same file as {what}; choose another output")
     parent = out.resolve().parent
     if not parent.is_dir():
         raise RoamError(f"cannot write {out}: directory {parent} does not exist")
     if out.is_dir():
         raise RoamError(f"cannot write {out}: it is a directory")
     if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        raise RoamError(f"cannot write {out}: permission denied")
+        read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
+        raise RoamError(f"cannot write {out}: " + ("read-only file system" if read_only else "permission denied"))
     return out
 
 

@@ -175,7 +175,7 @@ def write(plan: dict, path: Path) -> None:
 def read(path: str | os.PathLike) -> dict:
     path = Path(path)
     if not path.is_file():
-        raise RoamError(f"{path}: no such plan file")
+        raise RoamError(f"{path}: " + ("a directory, not a plan file" if path.is_dir() else "no such plan file"))
     try:
         plan = json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError, RecursionError) as e:  # RecursionError: nested too deep

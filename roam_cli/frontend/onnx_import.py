@@ -14,6 +14,7 @@ from google.protobuf.message import DecodeError
 
 from roam_cli.core.annotate import name_nodes
 from roam_cli.core.errors import RoamError
+from roam_cli.core.fileio import external_data_files
 from roam_cli.core.graph import Graph, Node, Value, element_size, smallest_first_order
 from roam_cli.frontend import shapes
 
@@ -180,11 +181,3 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
     return Imported(graph, model, path, sha, renamed, notes)
 
 
-def external_data_files(model: onnx.ModelProto) -> set[str]:
-    files = set()
-    for t in model.graph.initializer:
-        if t.data_location == onnx.TensorProto.EXTERNAL:
-            for kv in t.external_data:
-                if kv.key == "location":
-                    files.add(kv.value)
-    return files

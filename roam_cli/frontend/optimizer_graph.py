@@ -24,6 +24,7 @@ or step counter, and the scale backs off; after `growth_interval` clean steps in
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -58,6 +59,11 @@ class AdamW:
     def __post_init__(self):
         if self.convention not in ("onnxruntime", "pytorch"):
             raise RoamError(f"AdamW convention {self.convention!r}: choose onnxruntime or pytorch")
+        # torch.optim.AdamW's checks, NaN and infinity refused too (a step of them trains to NaN)
+        if not (0 <= self.beta1 < 1 and 0 <= self.beta2 < 1 and 0 <= self.eps < math.inf
+                and 0 <= self.weight_decay < math.inf):
+            raise RoamError(f"AdamW beta1={self.beta1}, beta2={self.beta2}, eps={self.eps}, weight_decay="
+                            f"{self.weight_decay}: the betas must lie in [0, 1), eps and weight_decay be finite and >= 0")
 
 
 @dataclass(frozen=True)
@@ -66,6 +72,8 @@ class SGD:
 
 
 OPTIMIZERS = {"adamw": AdamW(), "sgd": SGD()}
+# convention=pytorch is torch.optim.AdamW() whole: its maths and its defaults
+PYTORCH_ADAMW = AdamW(eps=1e-8, weight_decay=0.01, convention="pytorch")
 
 
 @dataclass(frozen=True)

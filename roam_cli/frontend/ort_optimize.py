@@ -10,7 +10,8 @@ import onnxruntime as ort
 
 from roam_cli.core.annotate import set_meta
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.frontend.onnx_import import external_data_files, load_model
+from roam_cli.core.fileio import external_data_files
+from roam_cli.frontend.onnx_import import load_model
 from roam_cli.frontend.providers import PROVIDERS, check_device, check_runs, check_started
 
 LEVELS = {"basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,

@@ -381,8 +381,8 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     step: float32 masters, the forward in the low type where the policy says (`roam_cli.precision`),
     fp16's loss scaled inside the step (`scaler_settings` over GradScaler's defaults). An export
     already in low precision is brought back to float32 first (`precision.masters`)."""
-    from roam_cli.core.fileio import check_output_path, write_atomic
-    from roam_cli.frontend.onnx_import import external_data_files, load_model
+    from roam_cli.core.fileio import check_output_path, external_data_files, write_atomic
+    from roam_cli.frontend.onnx_import import load_model
     from roam_cli.frontend.optimizer_graph import LOSS_SCALE, full_step, gradient_accumulators
     from roam_cli.frontend.providers import check_loads
     from roam_cli.lower import lower_model
@@ -390,7 +390,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     step_optimizer = in_graph_optimizer(optimizer, optimizer_settings or {}, in_graph)
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
     for i, path in enumerate(outputs):
-        check_output_path(path, [infer_path] + outputs[:i])
+        check_output_path(path, [infer_path], outputs[:i])
     model, _ = load_model(infer_path)
     if dims:
         from roam_cli.frontend.shapes import bind_dims
@@ -507,12 +507,13 @@ def copy_of(t: onnx.TensorProto) -> onnx.TensorProto:
 
 def in_graph_optimizer(name: str, settings: dict[str, str], in_graph: bool):
     """The in-graph optimizer `name` with `settings` (`--optimizer-setting eps=1e-8`, each of its
-    field's type) over its defaults."""
-    from roam_cli.frontend.optimizer_graph import OPTIMIZERS
+    field's type) over its defaults: ONNX Runtime's, torch.optim.AdamW()'s with convention=pytorch."""
+    from roam_cli.frontend.optimizer_graph import OPTIMIZERS, PYTORCH_ADAMW
 
     if settings and not in_graph:
         raise RoamError("--optimizer-setting applies to the in-graph optimizer: add --in-graph-optimizer")
-    return typed_settings(OPTIMIZERS[name], settings, "--optimizer-setting", name)
+    default = PYTORCH_ADAMW if name == "adamw" and settings.get("convention") == "pytorch" else OPTIMIZERS[name]
+    return typed_settings(default, settings, "--optimizer-setting", name)
 
 
 def typed_settings(default, settings: dict[str, str], option: str, what: str):
@@ -528,7 +529,10 @@ def typed_settings(default, settings: dict[str, str], option: str, what: str):
             typed[key] = parse_bool(value) if kind is bool else kind(value)
         except ValueError:
             raise RoamError(f"{option} {key}: {value!r} is not a {kind.__name__}") from None
-    return dataclasses.replace(default, **typed)
+    try:
+        return dataclasses.replace(default, **typed)
+    except RoamError as e:
+        raise RoamError(f"{option}: {e}") from None
 
 
 def parse_bool(value: str) -> bool:

@@ -39,6 +39,7 @@ import heapq
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import onnxruntime as ort
 from onnxruntime.capi import onnxruntime_pybind11_state
@@ -283,9 +284,9 @@ class ArenaAllocator:
         into the slow pool. None lays out what step 1 records, in one pool."""
         self.handle: int | None = None
         if _planalloc is None:
-            raise RoamError(f"roam's allocator is not in this install: its C extension roam_cli/runtime/_planalloc.c "
-                            f"did not build ({NOT_BUILT}); it needs Linux on x86-64 or aarch64 and a C compiler at "
-                            "install time. Run with --allocator ort")
+            raise RoamError(f"roam's allocator cannot be imported from {Path(__file__).parent}: {NOT_BUILT} (its C "
+                            "extension _planalloc.c builds at install time on Linux, x86-64 or aarch64, with a C "
+                            "compiler); --allocator ort trains on ONNX Runtime's own allocator, not at the plan's offsets")
         self.planned, self.plan_alignment = planned, plan_alignment
         self.plan_arenas, self.slow_nodes = (plan_arena, slow_arena), slow_nodes
         self.pool: list[int] = []  # per request of step 1: 0, the device's pool, or 1, the slow tier's

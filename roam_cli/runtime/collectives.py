@@ -28,7 +28,7 @@ from roam_cli.core.errors import RoamError
 
 REDUCTIONS = ("sum", "mean")
 ELEMENT_TYPES = {onnx.TensorProto.FLOAT: "float", onnx.TensorProto.DOUBLE: "double"}
-INSTALL = "pip install mpich mpi4py onnxruntime-extensions (or roam's extra: pip install 'onnx-roam[mpi]')"
+INSTALL = "pip install mpich mpi4py onnxruntime-extensions (or, in roam's clone, its extra: pip install '.[mpi]')"
 
 
 @dataclass

@@ -33,6 +33,7 @@ from rich.table import Table
 from roam_cli import pair, verify
 from roam_cli.core import annotate
 from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.fileio import read_arrays
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import Imported
 from roam_cli.frontend.ort_optimize import SessionOptimizations, planned_optimizations
@@ -93,11 +94,7 @@ def make_feeds(specs: list, inputs_path: Path | None, seed: int) -> tuple[dict[s
     """(feeds, how many were synthesised): the arrays in `inputs_path`, synthetic ones for the rest."""
     given: dict[str, np.ndarray] = {}
     if inputs_path is not None:
-        try:
-            with np.load(inputs_path, allow_pickle=False) as npz:
-                given = {k: npz[k] for k in npz.files}
-        except (OSError, ValueError, EOFError) as e:
-            raise RoamError(f"--inputs {inputs_path}: not a readable .npz file ({first_line(e)})") from None
+        given = read_arrays(inputs_path, "--inputs")
         expected = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in specs}
         for name, array in given.items():
             if name not in expected:

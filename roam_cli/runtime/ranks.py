@@ -108,13 +108,7 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
         per_rank = run.supervise(on_step or (lambda row: None))
         figures = summary(run, per_rank, model_path, plan, allocator, seed)
         trained = dict(np.load(folder / "weights.npz"))
-        if save_weights is not None:
-            weights.write_weights(save_weights, trained, source.tied if source else {})
-            figures["saved_weights"] = str(save_weights)
-        if save_model is not None:
-            weights.write_model(save_model, source, trained)
-            figures["saved_model"] = str(save_model)
-        return figures
+        return figures | weights.save_trained(save_weights, save_model, source, trained)
     finally:
         run.end()
         shutil.rmtree(folder, ignore_errors=True)
@@ -132,7 +126,9 @@ class Run:
 
     def supervise(self, on_step) -> list[dict]:
         """Start the ranks and watch them to the end: every rank's figures, or the error naming the rank."""
-        env = dict(os.environ)  # the ranks import this roam, wherever it was imported from
+        # the ranks import this roam, wherever it was imported from: first on their path, and run in the
+        # run's folder (`python -m` puts the working directory first: a clone's root would shadow it)
+        env = dict(os.environ)
         root = str(Path(roam_cli.__file__).resolve().parent.parent)
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
         if self.ranks > len(os.sched_getaffinity(0)):
@@ -144,7 +140,7 @@ class Run:
             # a session of its own: the terminal's Ctrl-C reaches the launcher, which ends everything
             self.proc = subprocess.Popen([mpiexec(), "-n", str(self.ranks), sys.executable, "-m", "roam_cli.runtime.rank",
                                           str(self.folder)], stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=env,
-                                         start_new_session=True)
+                                         cwd=self.folder, start_new_session=True)
         began = progress = time.monotonic()
         starting = True
         while True:

@@ -31,6 +31,7 @@ from roam_cli import pair, verify
 from roam_cli.core import memory
 from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
+from roam_cli.core.fileio import read_arrays
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.optimizer_graph import INITIAL_KEY, LEARNING_RATE, gradient_accumulators
 from roam_cli.frontend.ort_optimize import planned_optimizations
@@ -366,11 +367,7 @@ def read_batches(path: Path | None, session: PlannedSession, specs: list | None 
     batches than steps)."""
     if path is None:
         return {}
-    try:
-        with np.load(path, allow_pickle=False) as npz:
-            arrays = {k: npz[k] for k in npz.files}
-    except (OSError, ValueError, EOFError) as e:
-        raise RoamError(f"--inputs {path}: not a readable .npz file ({first_line(e)})") from None
+    arrays = read_arrays(path, "--inputs")
     specs = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in specs or input_specs(session.graph)}
     for name, array in arrays.items():
         if name not in specs:
@@ -403,7 +400,7 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order and arena) and the differences. Plain values out. The weights start
     from the inference export the step was made from (`weights.Source`), where it can be read;
-    `save_weights` and `save_model` write the trained parameters (`weights.write_weights`, `write_model`)."""
+    `save_weights` and `save_model` write the trained parameters (`weights.save_trained`)."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
@@ -424,17 +421,13 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
                             allocator, compare, report)
         figures["weights_from"] = str(planned.source.path) if exported else None
         figures["weights_unread"] = unread
+        figures["non_finite_inputs"] = sorted(name for name, a in arrays.items()
+                                              if a.dtype.kind == "f" and not np.isfinite(a).all())
         # what training changed that the model holds: its parameters and running statistics, not the moments
         kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
         trained = {name: value for name, value in planned.state_arrays().items()
                    if kinds.get(name) == "parameter" or name in exported}
-        if save_weights is not None:
-            weights.write_weights(save_weights, trained, planned.source.tied if planned.source else {})
-            figures["saved_weights"] = str(save_weights)
-        if save_model is not None:
-            weights.write_model(save_model, planned.source, trained)
-            figures["saved_model"] = str(save_model)
-        return figures
+        return figures | weights.save_trained(save_weights, save_model, planned.source, trained)
     finally:
         planned.close()
 
@@ -536,6 +529,9 @@ def render_weights(result: dict, console, saved_weights: str) -> None:
         console.print(f"weights from {result['weights_from']}", highlight=False, soft_wrap=True)
     if result.get("weights_unread"):
         console.print(f"warning: {result['weights_unread']}: the parameters --inputs does not give were synthesised",
+                      highlight=False, soft_wrap=True)
+    if result.get("non_finite_inputs"):
+        console.print(f"warning: --inputs holds NaN or infinity in {', '.join(map(repr, result['non_finite_inputs']))}",
                       highlight=False, soft_wrap=True)
     for key, what in (("saved_weights", saved_weights), ("saved_model", "the export with the trained weights")):
         if key in result:

@@ -10,11 +10,12 @@ by perm; a parameter the export holds only so is that constant transposed back),
 - `Source.starting_values`: every graph input the export holds a value for (parameters, frozen
   weights, running statistics), read once; RoamError when the export cannot be read (`train`
   then synthesises them and says so).
-- `write_weights`: the trained parameters under their PyTorch names (a tied one once, under the
-  name trained; `model.load_state_dict(weights, strict=False)` fills the one tensor), in the
-  layouts PyTorch has (a recovered weight already is one): safetensors, or .npz.
-- `write_model`: the export itself with the trained values, its derived constants made again
-  from them (ONNX Runtime's `export_model_for_inferencing`, for roam's steps)."""
+- `save_trained` writes, as one, either or both of: the trained parameters under their PyTorch
+  names (`weights_bytes`: a tied one once, under the name trained; `model.load_state_dict(weights,
+  strict=False)` fills the one tensor), in the layouts PyTorch has (a recovered weight already is
+  one): safetensors, or .npz; and the export itself with the trained values, its derived
+  constants made again from them (`model_files`; ONNX Runtime's `export_model_for_inferencing`,
+  for roam's steps)."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.core.fileio import write_all_atomic, write_atomic
+from roam_cli.core.fileio import write_all_atomic
 from roam_cli.frontend.recover import SOURCE_KEY, underived
 
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
@@ -71,19 +72,44 @@ def source_of(model: onnx.ModelProto, folder: Path) -> Source | None:
     return Source(folder / r["model"], {c: (p, perm) for c, (p, perm) in r["derived"].items()}, r["tied"])
 
 
+def source_export(model_path: Path) -> Path | None:
+    """The inference export the step at `model_path` records, or None (none recorded, or a file
+    onnx cannot read: the command reading it says so)."""
+    try:
+        model = onnx.load_model(str(model_path), load_external_data=False)
+    except Exception:  # onnx raises its own and protobuf's errors
+        return None
+    source = source_of(model, Path(model_path).resolve().parent)
+    return source.path if source else None
+
+
 def check_weights_path(path: Path) -> None:
     if path.suffix not in WEIGHT_FORMATS:
         raise RoamError(f"--save-weights {path}: write .safetensors or .npz")
 
 
-def write_weights(path: Path, values: dict[str, np.ndarray], tied: dict[str, str]) -> None:
-    """`values` by name, as safetensors (its metadata lists the ties) or .npz."""
+def save_trained(save_weights: Path | None, save_model: Path | None, source: Source | None,
+                 values: dict[str, np.ndarray]) -> dict[str, str]:
+    """The trained `values` written as asked, as one: the weights (`weights_bytes`) and the export
+    holding them (`model_files`) are renamed into place together once both are written, so a
+    failure (a full disk) leaves neither. Returns the figures naming what was written."""
+    files: dict[Path, bytes | Path] = {}
+    if save_weights is not None:
+        files[save_weights] = weights_bytes(save_weights, values, source.tied if source else {})
+    with tempfile.TemporaryDirectory(dir=(save_model or Path(".")).resolve().parent, prefix=".roam-model-") as scratch:
+        if save_model is not None:
+            files |= model_files(save_model, source, values, Path(scratch))
+        write_all_atomic(files)
+    return {key: str(path) for key, path in (("saved_weights", save_weights), ("saved_model", save_model)) if path}
+
+
+def weights_bytes(path: Path, values: dict[str, np.ndarray], tied: dict[str, str]) -> bytes:
+    """`values` by name, as safetensors (its metadata lists the ties) or .npz, by `path`'s suffix."""
     check_weights_path(path)
     if path.suffix == ".npz":
         buffer = io.BytesIO()
         np.savez(buffer, **values)
-        write_atomic(path, buffer.getvalue())
-        return
+        return buffer.getvalue()
     header, blobs, offset = {}, [], 0
     for name, value in values.items():
         value = np.ascontiguousarray(value)
@@ -97,12 +123,13 @@ def write_weights(path: Path, values: dict[str, np.ndarray], tied: dict[str, str
     header["__metadata__"] = {"format": "pt", "tied": json.dumps(tied)}
     text = json.dumps(header, separators=(",", ":")).encode()
     text += b" " * (-len(text) % 8)  # the data starts 8-aligned
-    write_atomic(path, struct.pack("<Q", len(text)) + text + b"".join(blobs))
+    return struct.pack("<Q", len(text)) + text + b"".join(blobs)
 
 
-def write_model(path: Path, source: Source, values: dict[str, np.ndarray]) -> None:
-    """The inference export with each trained value, and each constant derived from one made again;
-    its weights in `<path>.data` beside it when they are too large for one file (2 GB)."""
+def model_files(path: Path, source: Source, values: dict[str, np.ndarray], scratch: Path) -> dict[Path, bytes | Path]:
+    """The inference export with each trained value, and each constant derived from one made again:
+    {path: its bytes}, or, when the weights are too large for one file (2 GB), `path` and
+    `<path>.data` beside it, written in `scratch` (on the same file system)."""
     model = source.load()
     for t in model.graph.initializer:
         if t.name in source.derived:
@@ -117,9 +144,8 @@ def write_model(path: Path, source: Source, values: dict[str, np.ndarray]) -> No
             t.data_location = onnx.TensorProto.DEFAULT
             t.raw_data = fresh.raw_data
     if model.ByteSize() < onnx.checker.MAXIMUM_PROTOBUF:
-        write_atomic(path, model.SerializeToString())
-        return
+        return {path: model.SerializeToString()}
     data = path.with_name(path.name + ".data")
-    with tempfile.TemporaryDirectory(dir=path.resolve().parent, prefix=".roam-model-") as scratch:
-        onnx.save_model(model, str(Path(scratch, path.name)), save_as_external_data=True, location=data.name)
-        write_all_atomic({path: Path(scratch, path.name), data: Path(scratch, data.name)})
+    onnx.save_model(model, str(scratch / path.name), save_as_external_data=True, location=data.name)
+    return {path: scratch / path.name, data: scratch / data.name}
+
