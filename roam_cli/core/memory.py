@@ -444,9 +444,9 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set
             writer[find(state)[0]] = graph.producer[made]
             new_value |= names_derived((made,), aliases_of)
     # Per storage root, over the names in it: whether one is a graph output, and the nodes reading
-    # one. A join adds the output's storage to the input's, whose readers are disjoint (the
-    # output's come after the node; the input's, where it may join, are the node and nodes before
-    # it): the figures add up, and no storage's names are walked again.
+    # one that a later join must find before it. A join adds the output's storage to the input's,
+    # whose readers are disjoint (the output's come after the node; the input's, where it may join,
+    # are the node and nodes before it): the figures add up, and no storage's names are walked again.
     holds_output: dict[str, bool] = {}
     users: dict[str, set[int]] = {}
     for name in graph.values:
@@ -504,7 +504,10 @@ def kernels_in_place(graph: Graph, storage_of: dict[str, str], find, folded: set
                 found.served[out] = x
             storage_of[out] = x  # later nodes see the joined storage
             holds_output[r] |= holds_output.pop(out)
-            users[r] |= users.pop(out, set())
+            # its readers from now on: node i and the output's. The input's others run before node i
+            # in every order (the checks above), and i before any later reader of the storage (they
+            # read the output): a chain joined step by step keeps one reader, not all of them
+            users[r] = {i} | users.pop(out, set())
             return
 
     for i in range(len(graph.nodes)):  # the file's order: topological
