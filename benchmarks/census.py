@@ -3,6 +3,7 @@
 
     /work/venvs/fused/bin/python benchmarks/census.py --build corpus,recipe     # torch (+ onnxruntime-training)
     python benchmarks/census.py [--only corpus,recipe] [--json benchmarks/results/census.json]
+    python benchmarks/census.py --table AFTER.json [--before BEFORE.json]   # a run's table, or two side by side
 
 A step is planned twice, each by one `roam optimize STEP -o PLAN --jobs 2` under `/usr/bin/time -v`
 (scale.py's `plan`: wall and CPU seconds, peak RSS, then `roam verify`): `--recompute off --gap 0`
@@ -251,6 +252,21 @@ def table(rows: list[dict]) -> list[str]:
     return lines
 
 
+def compared(rows: list[dict], before: list[dict]) -> list[str]:
+    """The plans of both runs, side by side: order gap, fragmentation, arena and wall time, before -> after."""
+    then = {(r["family"], r["step"], r["mode"]): r for r in before if "failed" not in r}
+    lines = ["| family | step | recompute | gap | fragmentation | arena | wall s |", "|---|---|---|---:|---:|---:|---:|"]
+    for r in rows:
+        b = then.get((r["family"], r["step"], r["mode"]))
+        if b is None or "failed" in r:
+            continue
+        lines.append(f"| {r['family']} | {r['step']} | {r['mode']} | {100 * b['gap']:.2f} → {100 * r['gap']:.2f} % | "
+                     f"{100 * b['fragmentation']:.3f} → {100 * r['fragmentation']:.3f} % | "
+                     f"{format_bytes(b['arena_bytes'])} → {format_bytes(r['arena_bytes'])} | "
+                     f"{b['seconds']:.1f} → {r['seconds']:.1f} |")
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--only", default="corpus,recipe,suite,amp,scale,ranks",
@@ -266,13 +282,17 @@ def main(argv=None) -> int:
     ap.add_argument("--plans", type=Path, help="keep the plans here (default: a temporary folder)")
     ap.add_argument("--json", dest="json_out", type=Path)
     ap.add_argument("--table", type=Path, help="print the table of a run's --json, planning nothing")
+    ap.add_argument("--before", type=Path, action="append",
+                    help="with --table: another run's --json (repeatable), its plans beside the table's")
     ap.add_argument("--export-cell", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.export_cell:
         export_cell(args.export_cell, args.cache)
         return 0
     if args.table:
-        print("\n".join(table(json.loads(args.table.read_text())["rows"])))
+        rows = json.loads(args.table.read_text())["rows"]
+        before = [r for path in args.before or () for r in json.loads(path.read_text())["rows"]]
+        print("\n".join(compared(rows, before) if before else table(rows)))
         return 0
     picked = args.steps.split(",") if args.steps else None
     if args.build:

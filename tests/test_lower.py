@@ -4,11 +4,13 @@ run side by side in onnxruntime-training on random shapes; the lowered sample gr
 import hashlib
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
@@ -636,6 +638,32 @@ def test_cli_lower_keeps_external_weights_referenced_without_reading_them(tmp_pa
     lowered = onnx.load(str(tmp_path / "out" / "lowered.onnx"), load_external_data=False)
     weight = next(t for t in lowered.graph.initializer if t.name == "unused_weight")
     assert {kv.key: kv.value for kv in weight.external_data}["location"] == "../w.bin"
+
+
+def test_weights_outside_the_output_s_folder_are_linked_beside_it_and_the_model_runs(tmp_path):
+    # ONNX Runtime refuses external data whose path leaves the model's folder ("../w.bin")
+    feeds = {"dY": f32(3, 4), "X": f32(3, 4)}
+    m = single("FastGeluGrad", feeds, ["dX"], constants={"scale": f32(3, 4)})
+    m.graph.node[0].input[:] = ["dY", "X"]
+    m.graph.node.append(helper.make_node("Mul", ["dX", "scale"], ["scaled"], name="mul"))
+    m.graph.output.append(helper.make_tensor_value_info("scaled", TensorProto.FLOAT, [3, 4]))
+    onnx.save(m, str(tmp_path / "m.onnx"), save_as_external_data=True, location="w.bin", size_threshold=0)
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "w.bin").write_bytes(b"another file of the user's")
+    for run in (1, 2):  # the second run finds its own link there
+        r = roam("lower", tmp_path / "m.onnx", "-o", tmp_path / "out" / "lowered.onnx")
+        assert r.code == 0, r.err
+    lowered = onnx.load(str(tmp_path / "out" / "lowered.onnx"), load_external_data=False)
+    weight = next(t for t in lowered.graph.initializer if t.name == "scale")
+    assert {kv.key: kv.value for kv in weight.external_data}["location"] == "lowered.onnx.w.bin"
+    assert os.path.samefile(tmp_path / "out" / "lowered.onnx.w.bin", tmp_path / "w.bin")
+    assert (tmp_path / "out" / "w.bin").read_bytes() == b"another file of the user's"
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["lowered.onnx", "lowered.onnx.w.bin", "w.bin"]
+    # it runs, as the same model lowered beside its weights does
+    assert roam("lower", tmp_path / "m.onnx", "-o", tmp_path / "beside.onnx").code == 0
+    got, want = (ort.InferenceSession(str(path), providers=["CPUExecutionProvider"]).run(["scaled"], feeds)[0]
+                 for path in (tmp_path / "out" / "lowered.onnx", tmp_path / "beside.onnx"))
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("low", [TensorProto.FLOAT16, TensorProto.BFLOAT16])

@@ -225,22 +225,24 @@ def test_the_launcher_stopped_ends_every_rank_says_so_and_leaves_nothing(steps, 
     assert all(gone(pid) for pid in ids) and not folder.exists() and not (tmp_path / "trained.npz").exists()
 
 
-def test_a_rank_starting_is_given_start_s_not_the_step_timeout(tmp_path):
+@pytest.mark.parametrize("start_s", [ranks.START_S, 5.0])
+def test_a_rank_starting_is_given_the_start_timeout_not_the_step_timeout(tmp_path, start_s):
     """Opening a large rank's session may take longer than a step's timeout: while starting, only a
-    rank silent for START_S is hung (here rank 1, its heartbeat START_S + 1 s old)."""
-    run = ranks.Run(tmp_path, 2, 10, timeout=3)
-    assert run.start_hang(seconds=60) == (True, None)  # nobody reported yet, within START_S
-    starting, blame = run.start_hang(seconds=ranks.START_S + 1)
-    assert starting and blame == f"rank 0 hung while starting (it never reported in {ranks.START_S:g} s)"
+    rank silent for the start timeout (START_S by default, --start-timeout) is hung (here rank 1,
+    its heartbeat that + 1 s old)."""
+    run = ranks.Run(tmp_path, 2, 10, timeout=3, start_timeout=start_s)
+    assert run.start_hang(seconds=start_s - 1) == (True, None)  # nobody reported yet, within the start timeout
+    starting, blame = run.start_hang(seconds=start_s + 1)
+    assert starting and blame == f"rank 0 hung while starting (it never reported in {start_s:g} s; --start-timeout)"
     now = time.time()
-    for r, (phase, age) in enumerate([("planned", 0), ("start", 60)]):
+    for r, (phase, age) in enumerate([("planned", 0), ("start", start_s / 2)]):
         (tmp_path / f"rank{r}.status").write_text(json.dumps({"pid": 1, "time": now - age, "phase": phase,
                                                               "entered": 0, "left": 0}))
-    assert run.start_hang(seconds=200) == (True, None)  # rank 1 silent for 60 s: a long call, not a hang
-    (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now - ranks.START_S - 1, "phase": "start",
+    assert run.start_hang(seconds=200) == (True, None)  # rank 1 silent for half of it: a long call, not a hang
+    (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now - start_s - 1, "phase": "start",
                                                        "entered": 0, "left": 0}))
     starting, blame = run.start_hang(seconds=200)
-    assert starting and blame.startswith("rank 1 hung while starting (no heartbeat for " + f"{ranks.START_S + 1:.0f}.")
+    assert starting and blame.startswith("rank 1 hung while starting (no heartbeat for " + f"{start_s + 1:.0f}.")
     (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now, "phase": "planned", "entered": 0,
                                                        "left": 0}))
     assert run.start_hang(seconds=200) == (False, None)  # every rank started: the step timeout counts now

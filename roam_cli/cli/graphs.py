@@ -7,7 +7,7 @@ import click
 
 from roam_cli.cli import cli, out, parse_pairs, split_names
 from roam_cli.core.errors import RoamError
-from roam_cli.core.fileio import check_output_path, write_atomic
+from roam_cli.core.fileio import check_output_path
 from roam_cli.frontend import training_graph
 from roam_cli.precision import PRECISIONS
 
@@ -71,8 +71,7 @@ def emulate(obj, model, out_path, as_json):
     count = rewrite(source)
     if not count:
         raise RoamError(f"{model} has no bf16 or fp16 node the CPU provider lacks a kernel for: it runs as it is")
-    lower_mod.relocate_weights(source, model, out_path)
-    write_atomic(out_path, source.SerializeToString())
+    lower_mod.write_with_weights(source, model, out_path)
     if as_json:
         out.print_json(json.dumps({"model": str(model), "output": str(out_path), "emulated_nodes": count}))
     elif not obj["quiet"]:
@@ -106,8 +105,7 @@ def shard(obj, step, ranks, out_path, as_json):
 
     check_output_path(out_path, [step])
     model, record = shard_mod.shard(step, ranks)
-    lower_mod.relocate_weights(model, step, out_path)
-    write_atomic(out_path, model.SerializeToString())
+    lower_mod.write_with_weights(model, step, out_path)
     if as_json:
         out.print_json(json.dumps({"model": str(step), "output": str(out_path), **record}))
     elif not obj["quiet"]:

@@ -81,10 +81,13 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--timeout", default=300.0, show_default=True, type=SECONDS,
               help="With --ranks: the longest a step may take on every rank (the first counts from when every rank "
                    "has started); past it the run is a hang, and every rank is stopped.")
+@click.option("--start-timeout", default=120.0, show_default=True, type=SECONDS,
+              help="With --ranks: the longest a rank may be silent while it starts (imports, MPI, building its "
+                   "session: minutes on a large step); past it the rank is hung, and every rank is stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-          allow_unplanned, save_weights, save_model, ranks, timeout, as_json):
+          allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -130,7 +133,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     show = not (as_json or obj["quiet"])
     if ranks is not None:
         return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
-                           compare, allow_unplanned, save_weights, save_model, timeout, as_json, show)
+                           compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show)
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
                           allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
@@ -146,7 +149,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
 
 
 def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-                allow_unplanned, save_weights, save_model, timeout, as_json, show):
+                allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show):
     """`roam train --ranks N`."""
     from roam_cli.runtime import ranks as rank_run
 
@@ -157,7 +160,7 @@ def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator
         raise RoamError("--ranks runs with --allocator roam or ort")
     result = rank_run.train_ranks(model, plan, ranks, steps, inputs_path=inputs_path, seed=seed,
                                   learning_rate=learning_rate, allocator=allocator, compare=compare,
-                                  allow_unplanned=allow_unplanned, timeout=timeout,
+                                  allow_unplanned=allow_unplanned, timeout=timeout, start_timeout=start_timeout,
                                   on_step=(lambda row: out.print(rank_run.render_step(row, steps), highlight=False,
                                                                  soft_wrap=True)) if show else None,
                                   save_weights=save_weights, save_model=save_model)

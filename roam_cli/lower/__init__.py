@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 
@@ -19,7 +21,7 @@ from onnx import helper, version_converter
 
 from roam_cli.core.annotate import name_nodes
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.core.fileio import write_atomic
+from roam_cli.core.fileio import write_all_atomic
 from roam_cli.core.memory import INPLACE_KEY
 from roam_cli.lower import activations, functions, grads, losses, norms, optimizers, training
 from roam_cli.lower.emit import Emit, Lowering
@@ -192,20 +194,53 @@ def relative(target: Path, out: Path) -> str:
     return Path(os.path.relpath(target.resolve(), out.resolve().parent)).as_posix()
 
 
-def relocate_weights(model: onnx.ModelProto, source: Path, out: Path) -> None:
-    """`model`, read from `source` and to be written to `out`: its external weights stay where they
-    are, referenced from the output's folder."""
-    for init in model.graph.initializer:
-        for kv in init.external_data:
-            if kv.key == "location":
-                kv.value = relative(source.parent / kv.value, out)
+def write_with_weights(model: onnx.ModelProto, source: Path, out: Path) -> None:
+    """Write `model`, read from `source`, to `out`, its external weights referenced from `out`'s
+    folder: where they are when that folder holds them (in it or below); else, as ONNX Runtime
+    refuses a path that leaves the model's folder, a hard link of the file beside `out` (a copy
+    across file systems), written with the model as one (`write_all_atomic`). A file that is not
+    there (a step of weights never written, to plan only) stays referenced where it would be."""
+    files: dict[Path, bytes | Path] = {}
+    with tempfile.TemporaryDirectory(dir=out.resolve().parent, prefix=".roam-weights-") as scratch:
+        placed: dict[Path, str] = {}
+        for init in model.graph.initializer:
+            for kv in init.external_data:
+                if kv.key != "location":
+                    continue
+                target = (source.parent / kv.value).resolve()
+                where = relative(target, out)
+                if (where == ".." or where.startswith("../")) and target.is_file():
+                    if target not in placed:
+                        placed[target] = weights_beside(target, source, out, Path(scratch), files)
+                    where = placed[target]
+                kv.value = where
+        files[out] = model.SerializeToString()
+        write_all_atomic(files)
+
+
+def weights_beside(target: Path, source: Path, out: Path, scratch: Path, files: dict) -> str:
+    """The name, in `out`'s folder, of the weights file `target`: one already there that is it, else
+    a new link (copy) made in `scratch` and added to `files`; its own name, or `<out>.<its name>`
+    where that is taken by another file."""
+    for name in (target.name, f"{out.name}.{target.name}"):
+        dest = out.parent / name
+        if dest.exists() and os.path.samefile(dest, target):
+            return name
+        if not dest.exists() and dest not in files:
+            try:
+                os.link(target, scratch / name)
+            except OSError:  # another file system
+                shutil.copyfile(target, scratch / name)
+            files[dest] = scratch / name
+            return name
+    raise RoamError(f"cannot place {target}, the weights of {source}, beside {out}: {target.name} and "
+                    f"{out.name}.{target.name} are other files there")
 
 
 def write_lowered(lowered: onnx.ModelProto, source: Path, sha256: str, out: Path) -> None:
-    """Write the lowered model atomically, recording its source (`relocate_weights`)."""
-    relocate_weights(lowered, source, out)
+    """Write the lowered model atomically, recording its source (`write_with_weights`)."""
     meta = [p for p in lowered.metadata_props if p.key != LOWERED_FROM_KEY]
     del lowered.metadata_props[:]
     lowered.metadata_props.extend(meta)
     lowered.metadata_props.add(key=LOWERED_FROM_KEY, value=json.dumps({"path": relative(source, out), "sha256": sha256}))
-    write_atomic(out, lowered.SerializeToString())
+    write_with_weights(lowered, source, out)

@@ -10,9 +10,9 @@ A rank that fails writes why and stops the others (MPI_Abort); a rank that dies 
 (MPICH's hydra ends the others at once). A run where no step finishes on every rank within
 `timeout` seconds is a hang (the first step's counting from when every rank has started: opening
 a rank's session takes what its size takes, under whatever else the machine runs); while starting,
-a rank is hung when it has not reported, or its heartbeat stopped, for START_S (one call into a
-library can hold the interpreter that long on a large step). The rank to blame is the one whose
-heartbeat stopped, else the one not waiting in a collective while others wait in one. Either way
+a rank is hung when it has not reported, or its heartbeat stopped, for `start_timeout` seconds
+(START_S by default: one call into a library can hold the interpreter that long on a large step).
+The rank to blame is the one whose heartbeat stopped, else the one not waiting in a collective while others wait in one. Either way
 every rank and mpiexec are ended, the error is one line naming the rank, and nothing is written:
 the weights reach their paths only after every rank finished (written whole, then renamed)."""
 
@@ -83,14 +83,12 @@ def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, we
 
 def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_path: Path | None = None,
                 seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
-                allow_unplanned: bool = False, timeout: float = DEFAULT_TIMEOUT, on_step=None,
-                save_weights: Path | None = None, save_model: Path | None = None) -> dict:
+                allow_unplanned: bool = False, timeout: float = DEFAULT_TIMEOUT, start_timeout: float = START_S,
+                on_step=None, save_weights: Path | None = None, save_model: Path | None = None) -> dict:
     """Run `steps` steps of the rank step on `ranks` processes; the figures (as `train.train`'s, per
     step the mean over ranks, per rank its allocator's figures)."""
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
-    if timeout <= 0:
-        raise RoamError(f"--timeout must be positive, got {timeout:g}")
     if save_weights is not None:
         weights.check_weights_path(save_weights)
     layout, source = check(model_path, plan, ranks)
@@ -103,7 +101,7 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
            "allocator": allocator, "compare": compare, "allow_unplanned": allow_unplanned, "launcher": os.getpid(),
            "threads": max(1, len(os.sched_getaffinity(0)) // ranks)}
     (folder / "job.json").write_text(json.dumps(job))
-    run = Run(folder, ranks, steps, timeout)
+    run = Run(folder, ranks, steps, timeout, start_timeout)
     try:
         per_rank = run.supervise(on_step or (lambda row: None))
         figures = summary(run, per_rank, model_path, plan, allocator, seed)
@@ -117,8 +115,9 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
 class Run:
     """mpiexec and its ranks, seen through the files they write in `folder` (`rank.py`)."""
 
-    def __init__(self, folder: Path, ranks: int, steps: int, timeout: float):
+    def __init__(self, folder: Path, ranks: int, steps: int, timeout: float, start_timeout: float = START_S):
         self.folder, self.ranks, self.steps, self.timeout = folder, ranks, steps, timeout
+        self.start_timeout = start_timeout
         self.lines: list[list[dict]] = [[] for _ in range(ranks)]  # each rank's steps finished
         self.read_to = [0] * ranks
         self.proc: subprocess.Popen | None = None
@@ -210,10 +209,11 @@ class Run:
         statuses = [self.status(r) for r in range(self.ranks)]
         silent = [r for r, s in enumerate(statuses) if s is None]
         if silent:
-            late = seconds > START_S
-            return True, f"rank {silent[0]} hung while starting (it never reported in {START_S:g} s)" if late else None
+            late = seconds > self.start_timeout
+            return True, (f"rank {silent[0]} hung while starting (it never reported in {self.start_timeout:g} s; "
+                          "--start-timeout)") if late else None
         now = time.time()
-        stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > START_S]
+        stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > self.start_timeout]
         if stale:
             return True, f"rank {stale[0]} hung while starting (no heartbeat for {now - statuses[stale[0]]['time']:.1f} s)"
         return any(s["phase"] == "start" for s in statuses), None
