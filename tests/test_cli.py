@@ -2,6 +2,9 @@
 
 import copy
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import onnx
@@ -130,6 +133,13 @@ def test_unnamed_nodes_get_stable_names_and_the_plan_names_the_annotated_model(t
     assert plan["order"] == ["Relu_0", "Relu_1"]
     assert plan["model"]["path"] == "plan.annotated.onnx"
     assert roam("verify", tmp_path / "plan.annotated.onnx", tmp_path / "plan.json").code == 0
+
+
+def test_optimize_says_it_wrote_the_annotated_model(tmp_path):
+    m = model([node("Relu", ["x"], ["a"], name="r0"), node("Relu", ["a"], ["b"], name="r1")], [("x", [8])], [("b", [8])])
+    path = save(m, tmp_path / "m.onnx")
+    r = roam("optimize", path, "-o", tmp_path / "plan.json", "--annotated-model", tmp_path / "planned.onnx")
+    assert r.code == 0 and f"wrote {tmp_path / 'planned.onnx'}: the graph in the plan's order" in r.out, r.out
 
 
 def test_model_with_absent_external_data_still_plans(tmp_path):
@@ -291,3 +301,19 @@ def test_version_and_help():
     assert roam("--version").out.strip() == "roam, version 0.1.0"
     r = roam("optimize", "--help")
     assert r.code == 0 and "Examples" in r.out
+
+
+def test_a_size_that_reads_as_the_budget_says_by_how_much_it_differs():
+    from roam_cli.core.units import format_beside
+
+    budget = 80 * 2**30
+    assert format_beside(budget + 3 * 2**20, budget) == "80.00 GiB (+3.00 MiB)"
+    assert format_beside(budget - 512, budget) == "80.00 GiB (-512 B)"
+    assert format_beside(budget, budget) == "80.00 GiB" and format_beside(81 * 2**30, budget) == "81.00 GiB"
+
+
+def test_tables_piped_without_columns_are_not_cut(sample_plan):
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run([sys.executable, "-m", "roam_cli", "report", str(sample_plan[1])], capture_output=True,
+                          text=True, env=env)
+    assert proc.returncode == 0 and "…" not in proc.stdout and max(map(len, proc.stdout.splitlines())) > 80, proc.stdout

@@ -297,3 +297,26 @@ def leave_the_plan(d: Path) -> str:
         finally:
             s.close()
     return ", then ".join(outcome)
+
+
+def test_a_run_whose_arena_grew_past_the_plan_for_kernel_scratch_is_warned_of():
+    import io
+
+    from rich.console import Console
+
+    from roam_cli.runtime.train import render_summary
+
+    def said(arena: int, scratch: int) -> str:
+        buffer = io.StringIO()
+        memory = {"served_at_plan_offset": 10, "unplanned": 0}
+        result = {"steps": 2, "provider": "cpu", "allocator": "roam",
+                  "per_step": [{"seconds": 0.01, "memory": memory}, {"seconds": 0.01, "memory": memory}],
+                  "arena": {"arena_bytes": arena, "requests": 12, "planned_requests": 10, "workspace_requests": scratch},
+                  "plan": {"arena_bytes": 1024 * 1000}}
+        render_summary(result, Console(file=buffer, width=300))
+        return buffer.getvalue()
+
+    # 1.22 MiB held for a plan of 1000 KiB: 2 scratch requests past it
+    assert "warning: ONNX Runtime's kernels asked for 2 scratch buffers the plan does not have, and the arena grew " \
+           "247.28 KiB past the plan's: `roam optimize --workspace calibrate` plans them" in said(1_277_215, 2)
+    assert "warning" not in said(1024 * 1000, 2) and "warning" not in said(1_277_215, 0)

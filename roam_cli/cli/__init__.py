@@ -17,7 +17,9 @@ from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, Stopped
 from roam_cli.core.units import parse_bytes
 from roam_cli.outputs import report as report_mod
 
-out = Console()
+# piped, rich would cut tables at 80 columns ("1,223,2…"): as wide as COLUMNS says, else 200
+COLUMNS = os.environ.get("COLUMNS", "")
+out = Console() if sys.stdout.isatty() else Console(width=int(COLUMNS) if COLUMNS.isdigit() else 200)
 err = Console(stderr=True)
 
 

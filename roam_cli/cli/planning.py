@@ -14,7 +14,7 @@ from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_folder, check_output_path, make_folder, write_all_atomic, write_atomic
 from roam_cli.core.memory import SLOW_TIERS
-from roam_cli.core.units import format_bytes, parse_bytes
+from roam_cli.core.units import format_beside, format_bytes, parse_bytes
 from roam_cli.cost import profile as cost_profile
 from roam_cli.offload import planner as offload_planner
 from roam_cli.outputs import report as report_mod
@@ -158,6 +158,9 @@ def optimize(obj, model, plan_path, annotated_model, dims, alignment, order_stra
         out.print(f"wrote {plan_path}: {len(plan['order'])} nodes, arena {format_bytes(plan['arena_bytes'])} "
                   f"(peak live {format_bytes(plan['peak_live_bytes'])}, fragmentation {frag:.2%}), "
                   f"persistent {format_bytes(plan['persistent_bytes'])}")
+        if annotated_model is not None:
+            out.print(f"wrote {annotated_model}: the graph in the plan's order (ONNX Runtime follows it with "
+                      "ExecutionOrder.PRIORITY_BASED)", highlight=False, soft_wrap=True)
         effect = report_mod.ort_effect(plan)
         if effect is not None:
             out.print(report_mod.ort_line(effect), highlight=False)
@@ -260,8 +263,8 @@ def render_max_batch(results: list, dim: str, budget: int, model: Path, dims: di
     for col in ("order", "layout", dim, "needs", f"{dim} + 1 needs", "plans made"):
         table.add_column(col, justify="left" if col in ("order", "layout") else "right")
     for r in results:
-        needs = format_bytes(r.at_max["needed_bytes"]) if r.at_max else "–"
-        table.add_row(r.order, r.layout, f"{r.max_value:,}", needs, format_bytes(r.next_needed_bytes),
+        needs = format_beside(r.at_max["needed_bytes"], budget) if r.at_max else "–"
+        table.add_row(r.order, r.layout, f"{r.max_value:,}", needs, format_beside(r.next_needed_bytes, budget),
                       str(len(r.probes)))
     out.print(table)
     best = max(reversed(results), key=lambda r: r.max_value)  # on a tie, the chosen strategy

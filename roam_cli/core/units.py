@@ -13,6 +13,15 @@ def format_bytes(n: int) -> str:
     return f"{n} B"
 
 
+def format_beside(n: int, reference: int) -> str:
+    """n in words, and how far it is from `reference` where the two read the same at two decimals
+    (a batch that needs 80.00 GiB beside a budget of 80.00 GiB: by how much it is over or under)."""
+    text = format_bytes(n)
+    if n != reference and text == format_bytes(reference):
+        text += f" ({'+' if n > reference else '-'}{format_bytes(abs(n - reference))})"
+    return text
+
+
 def parse_bytes(text: str) -> int:
     """'16GiB', '1.5 GB', '4096' -> bytes. Raises ValueError on anything else."""
     m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([a-zA-Z]*)\s*", text)

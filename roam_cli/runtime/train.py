@@ -556,6 +556,11 @@ def render_summary(result: dict, console) -> None:
             line += "; " + "; ".join(pool_line(tier, a["pools"][pool], later, result["plan"])
                                      for pool, tier in (("device", "device"), ("slow", result["plan"]["tiers"]["slow"])))
     console.print(line, highlight=False, soft_wrap=True)
+    a = result["arena"]
+    if a and a.get("workspace_requests") and a["arena_bytes"] > result["plan"]["arena_bytes"]:
+        console.print(f"warning: ONNX Runtime's kernels asked for {a['workspace_requests']} scratch buffers the plan does "
+                      f"not have, and the arena grew {format_bytes(a['arena_bytes'] - result['plan']['arena_bytes'])} "
+                      "past the plan's: `roam optimize --workspace calibrate` plans them", highlight=False, soft_wrap=True)
     render_weights(result, console, "trained weights")
     if "compare" in result:
         c = result["compare"]
