@@ -327,3 +327,26 @@ def test_output_that_is_a_link_to_the_input_is_refused(tmp_path):
                                  "--annotated-model", str(tmp_path / "plan.json")])
     assert code == 2 and "same file as output" in err and "--annotated-model" not in err, err
     assert path.read_bytes() == original and not (tmp_path / "plan.json").exists()
+
+
+def test_a_worker_forked_under_roam_s_signal_handlers_ends_at_once_when_terminated():
+    """A solver's forked worker, terminated by its parent (SIGTERM) while it feeds a queue: it must
+    die at once, as it did before roam handled SIGTERM — raising inside the queue's lock left it
+    waiting at its exit for ever, and `optimize --jobs 2` with it."""
+    code = ("import multiprocessing as mp, os, signal, time\n"
+            "from roam_cli.cli import stopper\n"
+            "handler = stopper(os.getpid())\n"
+            "signal.signal(signal.SIGINT, handler); signal.signal(signal.SIGTERM, handler)\n"
+            "def work(q):\n"
+            "    while True:\n"
+            "        q.put(b'x' * 1000)\n"
+            "ctx = mp.get_context('fork')\n"
+            "q = ctx.Queue()\n"
+            "p = ctx.Process(target=work, args=(q,), daemon=True)\n"
+            "p.start()\n"
+            "time.sleep(0.5)\n"
+            "p.terminate()\n"
+            "p.join(10)\n"
+            "print(p.exitcode)\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == str(-signal.SIGTERM), proc.stdout + proc.stderr

@@ -129,11 +129,23 @@ def split_names(values: tuple[str, ...]) -> list[str]:
     return [name for v in values for name in v.split(",") if name]
 
 
-def stop(signum, frame) -> None:
-    raise Stopped(signum)
+def stopper(pid: int):
+    """The handler of SIGINT and SIGTERM for the process `pid`. A process forked from it (a solver's
+    worker) keeps what it had before: Ctrl-C interrupts it, SIGTERM (its parent's terminate())
+    ends it at once, whatever lock it holds — not a Stopped raised inside a queue's lock, which
+    would leave it, and the parent joining it, waiting for ever."""
+    def stop(signum, frame) -> None:
+        if os.getpid() == pid:
+            raise Stopped(signum)
+        if signum == signal.SIGTERM:
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+        raise KeyboardInterrupt
+    return stop
 
 
 def main() -> None:
+    stop = stopper(os.getpid())
     before = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         code = cli.main(standalone_mode=False)
