@@ -160,7 +160,7 @@ def test_feeds_from_npz_must_match_the_inputs_and_the_rest_are_synthesised(tmp_p
     assert synthesised == 1 and feeds["ids"].tolist() == [[0, 1, 2], [3, 4, 5]] and feeds["x"].dtype == np.float32
     np.savez(tmp_path / "name.npz", nope=np.zeros(3))
     np.savez(tmp_path / "shape.npz", ids=np.zeros(3, np.int64))
-    for path, message in ((tmp_path / "missing.npz", "not a readable .npz"),
+    for path, message in ((tmp_path / "missing.npz", "missing.npz: no such file"),
                           (tmp_path / "name.npz", "'nope' is not an input of the model"),
                           (tmp_path / "shape.npz", "'ids' is int64[3], the model takes int64[2, 3]")):
         with pytest.raises(RoamError, match=message.replace("[", r"\[")):
