@@ -96,10 +96,11 @@ def save_trained(save_weights: Path | None, save_model: Path | None, source: Sou
     files: dict[Path, bytes | Path] = {}
     if save_weights is not None:
         files[save_weights] = weights_bytes(save_weights, values, source.tied if source else {})
-    with tempfile.TemporaryDirectory(dir=(save_model or Path(".")).resolve().parent, prefix=".roam-model-") as scratch:
-        if save_model is not None:
-            files |= model_files(save_model, source, values, Path(scratch))
+    if save_model is None:
         write_all_atomic(files)
+    else:  # a model too large for one file is written beside it first, on its file system
+        with tempfile.TemporaryDirectory(dir=save_model.resolve().parent, prefix=".roam-model-") as scratch:
+            write_all_atomic(files | model_files(save_model, source, values, Path(scratch)))
     return {key: str(path) for key, path in (("saved_weights", save_weights), ("saved_model", save_model)) if path}
 
 
