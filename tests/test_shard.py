@@ -484,9 +484,13 @@ def test_a_symbolic_batch_stays_symbolic_and_the_plan_binds_it(steps, tmp_path):
 # ---- refused: one line, exit 2, nothing written -----------------------------------------------------
 
 def test_a_bad_rank_count_or_a_step_without_parameters_is_refused(steps, tmp_path):
+    # a training graph without its optimizer: its gradient accumulation buffers are no parameters
+    training_graph.make(steps["roam"].parent / "forward2.onnx", tmp_path / "training.onnx", loss="none",
+                        optimizer_path=tmp_path / "optimizer.onnx", backward=roam_backward)
     for args, message in (
         ((steps["roam"], "--ranks", "0"), "--ranks must be at least 1, got 0"),
         ((steps["roam"].parent / "forward2.onnx", "--ranks", "2"), "updates no parameter from a gradient"),
+        ((tmp_path / "training.onnx", "--ranks", "2"), "updates no parameter from a gradient"),
     ):
         run_ = roam("shard", *args, "-o", tmp_path / "rank.onnx")
         assert run_.code == 2 and message in run_.err and len(run_.err.strip().splitlines()) == 1, run_.err

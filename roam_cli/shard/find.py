@@ -77,8 +77,9 @@ def survey(graph: Graph) -> Survey:
                                   and classes[graph.producer[t]] != "forward"
                                   and graph.values[t].shape == graph.values[state].shape)
     outside = {s: [u for u in graph.consumers.get(s, ()) if classes[u] != "update"] for s in pairs.values()}
+    # a gradient accumulation buffer is no parameter (a training graph without its optimizer updates none)
     parameters = {s: Parameter(s, graph.values[s].shape, gradients[s]) for s in pairs.values()
-                  if gradients[s] and outside[s]}
+                  if gradients[s] and outside[s] and not memory.accumulates(graph, s)}
     if not parameters:
         raise RoamError("the step updates no parameter from a gradient it computes: nothing to shard (roam shard "
                         "reads a full training step, the optimizer inside)")
