@@ -10,6 +10,7 @@ and 4, its parameters and moments 1/N of their bytes."""
 
 import json
 import time
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -498,6 +499,14 @@ def test_a_bad_rank_count_or_a_step_without_parameters_is_refused(steps, tmp_pat
     save(shard(steps["roam"], 2)[0], tmp_path / "rank2.onnx")
     again = roam("shard", tmp_path / "rank2.onnx", "--ranks", "2", "-o", tmp_path / "again.onnx")
     assert again.code == 2 and "already a rank step" in again.err
+    # an fp16 step: GradScaler's scale is no parameter; the check that every gradient is finite
+    # reads each whole, which shards cannot
+    logits = model([node("MatMul", ["x", "fc.weight"], ["logits"])], [("x", [ROWS, 3])], [("logits", [ROWS, 4])],
+                   initializers={"fc.weight": np.ones((3, 4), np.float32)})
+    training_graph.make(Path(save(logits, tmp_path / "logits.onnx")), tmp_path / "fp16.onnx", loss="cross-entropy",
+                        in_graph=True, precision="fp16", backward=roam_backward)
+    fp16 = roam("shard", tmp_path / "fp16.onnx", "--ranks", "2", "-o", tmp_path / "rank.onnx")
+    assert fp16.code == 2 and "overflow check" in fp16.err and "grad_scaler" not in fp16.err, fp16.err
 
 
 def with_extra_input(path, tmp_path, shape, name="scale", summed=False) -> str:

@@ -71,10 +71,16 @@ def survey(graph: Graph) -> Survey:
         return nodes, read
 
     chains = {state: update_chain(new) for new, state in pairs.items()}
+    def reduced_in_update(t: str) -> bool:
+        """A reduction the update makes (fp16's check that every gradient is finite reduces each to
+        a scalar): of a scalar state's shape, and no gradient of it (GradScaler's scale)."""
+        n = graph.nodes[graph.producer[t]]
+        return classes[graph.producer[t]] == "update" and n.op_type.startswith("Reduce")
+
     gradients = {}
     for state, (_, read) in chains.items():
         gradients[state] = sorted(t for t in read if t not in states and t in graph.producer
-                                  and classes[graph.producer[t]] != "forward"
+                                  and classes[graph.producer[t]] != "forward" and not reduced_in_update(t)
                                   and graph.values[t].shape == graph.values[state].shape)
     outside = {s: [u for u in graph.consumers.get(s, ()) if classes[u] != "update"] for s in pairs.values()}
     # a gradient accumulation buffer is no parameter (a training graph without its optimizer updates none)
