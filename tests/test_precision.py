@@ -391,3 +391,11 @@ def test_loss_scaling_of_a_loss_the_autocast_computes_in_16_bits_is_refused_in_o
     assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
     assert "'loss' is float16[] after the autocast, not a float32 scalar" in r.err and "--grad-scaler enabled=false" in r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["forward.onnx"]
+
+
+def test_emulating_a_graph_without_16_bit_nodes_says_there_is_nothing_to_emulate(tmp_path):
+    # a float32 graph may hold ops the CPU provider lacks (a rank step's collectives, a custom op):
+    # emulate says only what it knows, that it has no 16-bit node to emulate
+    r = roam("emulate", mlp_export(tmp_path), "-o", tmp_path / "out.onnx")
+    assert r.code == 2 and "nothing to emulate" in r.err and "runs as it is" not in r.err, r.err
+    assert not (tmp_path / "out.onnx").exists()

@@ -70,7 +70,7 @@ def emulate(obj, model, out_path, as_json):
     source, _ = load_model(model)
     count = rewrite(source)
     if not count:
-        raise RoamError(f"{model} has no bf16 or fp16 node the CPU provider lacks a kernel for: it runs as it is")
+        raise RoamError(f"{model} has no bf16 or fp16 node the CPU provider lacks a kernel for: nothing to emulate")
     lower_mod.write_with_weights(source, model, out_path)
     if as_json:
         out.print_json(json.dumps({"model": str(model), "output": str(out_path), "emulated_nodes": count}))
