@@ -8,7 +8,7 @@ import click
 from roam_cli.cli import SECONDS, Progress, cli, out
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
-from roam_cli.core.fileio import check_output_path
+from roam_cli.core.fileio import check_outputs
 
 
 @cli.command()
@@ -127,8 +127,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     outputs = [p for p in (save_weights, save_model) if p is not None]
     # the starting weights are read from --inputs, else from the export the step records
     read = [p for p in (model, plan_path, inputs_path, source_export(model) if outputs else None) if p is not None]
-    for i, path in enumerate(outputs):
-        check_output_path(path, read, outputs[:i])
+    check_outputs(outputs, read)
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     if ranks is not None:

@@ -80,10 +80,26 @@ def check_output_path(out: str | os.PathLike, inputs: list[str | os.PathLike],
     """Refuse, before any work is done, an output that cannot be written, or that is an input, an
     input model's external-data file, or another of the command's `outputs` — it, or (where the
     output is a model) the `.data` file roam writes beside a model too large for one file."""
-    out = Path(out)
+    return refuse_taken(Path(out), input_files(inputs) + [(Path(o), f"output {o}") for o in outputs])
+
+
+def check_outputs(outputs: list[str | os.PathLike], inputs: list[str | os.PathLike]) -> None:
+    """check_output_path for each of a command's outputs, against the inputs (each model read once)
+    and the outputs before it."""
+    given = input_files(inputs)
+    for i, out in enumerate(outputs):
+        refuse_taken(Path(out), given + [(Path(o), f"output {o}") for o in outputs[:i]])
+
+
+def input_files(inputs: list[str | os.PathLike]) -> list[tuple[Path, str]]:
+    """Every file the inputs are, with its name in words: each input, and each model's data files."""
+    return [(given, f"input {inp}" if given == Path(inp) else f"{given}, the external data of input {inp}")
+            for inp in inputs for given in with_data_files(inp)]
+
+
+def refuse_taken(out: Path, taken: list[tuple[Path, str]]) -> Path:
+    """`out`, or RoamError where it (or its `.data` file) is one of `taken` or cannot be written."""
     written = [out, out.with_name(out.name + ".data")] if out.suffix == ".onnx" else [out]
-    taken = [(given, f"input {inp}" if given == Path(inp) else f"{given}, the external data of input {inp}")
-             for inp in inputs for given in with_data_files(inp)] + [(Path(o), f"output {o}") for o in outputs]
     for path in written:
         for given, what in taken:
             if same_file(path, given):
@@ -105,8 +121,9 @@ def check_output_folder(folder: str | os.PathLike, files: list[Path], inputs: li
     that is an input. A folder that does not exist yet is fine when it can be made (make_folder)."""
     folder = Path(folder)
     if folder.is_dir():
+        given = input_files(inputs)
         for f in files:
-            check_output_path(f, inputs)
+            refuse_taken(Path(f), given)
         return
     if folder.exists():
         raise RoamError(f"cannot write into {folder}: it is not a directory")

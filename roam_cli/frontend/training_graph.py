@@ -381,7 +381,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
     step: float32 masters, the forward in the low type where the policy says (`roam_cli.precision`),
     fp16's loss scaled inside the step (`scaler_settings` over GradScaler's defaults). An export
     already in low precision is brought back to float32 first (`precision.masters`)."""
-    from roam_cli.core.fileio import check_output_path, external_data_files, write_atomic
+    from roam_cli.core.fileio import check_outputs, external_data_files, write_atomic
     from roam_cli.frontend.onnx_import import load_model
     from roam_cli.frontend.optimizer_graph import LOSS_SCALE, full_step, gradient_accumulators
     from roam_cli.frontend.providers import check_loads
@@ -389,8 +389,7 @@ def make(infer_path: Path, out_path: Path, *, loss: str | None, requires_grad: l
 
     step_optimizer = in_graph_optimizer(optimizer, optimizer_settings or {}, in_graph)
     outputs = [out_path] + ([] if in_graph else [optimizer_path]) + ([checkpoint_path] if checkpoint_path else [])
-    for i, path in enumerate(outputs):
-        check_output_path(path, [infer_path], outputs[:i])
+    check_outputs(outputs, [infer_path])
     model, _ = load_model(infer_path)
     if dims:
         from roam_cli.frontend.shapes import bind_dims

@@ -12,9 +12,10 @@ A rank that fails writes why and stops the others (MPI_Abort); a rank that dies 
 a rank's session takes what its size takes, under whatever else the machine runs); while starting,
 a rank is hung when it has not reported, or its heartbeat stopped, for `start_timeout` seconds
 (START_S by default: one call into a library can hold the interpreter that long on a large step).
-The rank to blame is the one whose heartbeat stopped, else the one not waiting in a collective while others wait in one. Either way
-every rank and mpiexec are ended, the error is one line naming the rank, and nothing is written:
-the weights reach their paths only after every rank finished (written whole, then renamed)."""
+The rank to blame is the one whose heartbeat stopped, else the one not waiting in a collective
+while others wait in one. Either way every rank and mpiexec are ended, the error is one line
+naming the rank, and nothing is written: the weights reach their paths only after every rank
+finished (written whole, then renamed)."""
 
 from __future__ import annotations
 
