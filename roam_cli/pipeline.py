@@ -83,6 +83,8 @@ def workspace_buffers(graph, order_: list[int], workspace: dict[str, list[int]])
     calibrated node of its kernel (op, input and output types and shapes), its original's for a
     copy; a replayed Dropout's Where, that of the backward's Where of the same shapes. Other nodes
     the calibrated graph lacks have none."""
+    if not workspace:  # not calibrated: nothing to match kernels to
+        return []
     added = memory.recompute_copies(graph)
 
     def kernel(n) -> tuple:
