@@ -2,6 +2,8 @@
 
 Shares nothing with the planners but the loader (`onnx_import`) and the pair check (`pair`):
 lifetimes, aliasing and overlaps are recomputed here from the order and the node list alone.
+The invariants are `RULES`, one small function each, run in order over one `Facts`; the first
+broken one is the answer.
 
 A rank step (DESIGN.md, "Sharded steps") says so in its metadata (SHARDING_KEY, read here on its
 own): its plan names the same ranks, and its collectives gather and reduce over that many.
@@ -16,7 +18,7 @@ import bisect
 import heapq
 import itertools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from roam_cli import pair
 from roam_cli.core.errors import CheckFailed
@@ -74,193 +76,286 @@ class Tiers:
         return (self.slow, self.slow) if node in self.host_nodes else (DEVICE, DEVICE)
 
 
-def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
-    """Raise Violation naming the first broken rule; return a summary when the plan holds.
-    `sha256` is the model file's: either member of the plan's pair passes."""
-    if pair.member(plan, sha256) is None:
-        raise Violation(pair.refusal(plan, sha256))
-    names = [n.name for n in graph.nodes]
-    step: dict[str, int] = {}
-    for s, name in enumerate(plan["order"]):
-        if name in step:
-            raise Violation(f"node {name!r} appears twice in the order")
-        step[name] = s
-    missing = [n for n in names if n not in step]
-    if missing:
-        raise Violation(f"node {missing[0]!r} is missing from the order ({len(missing)} missing)")
-    known = set(names)
-    extra = [n for n in plan["order"] if n not in known]
-    if extra:
-        raise Violation(f"order names node {extra[0]!r}, which the model does not have")
+@dataclass
+class Facts:
+    """What the rules read: the model and the plan, and what the rules before have established
+    (each rule records what it checked for those after it, so nothing is derived twice)."""
+    graph: Graph
+    sha256: str
+    plan: dict
+    step: dict[str, int] = field(default_factory=dict)  # node -> its step in the order
+    produced_at: dict[str, int] = field(default_factory=dict)  # tensor -> the step making it
+    readers: dict[str, list[int]] = field(default_factory=dict)  # tensor -> the steps reading it
+    producer: dict[str, Node] = field(default_factory=dict)  # tensor -> the node making it
+    folded: set[str] = field(default_factory=set)  # what ORT computes at load
+    tiers: Tiers | None = None
+    tensors: dict[str, dict] = field(default_factory=dict)  # the plan's records by name
+    roots: dict[str, str] = field(default_factory=dict)  # name -> the name owning its storage
+    group: dict[str, list[str]] = field(default_factory=dict)  # storage -> its names
+    tier_of: dict[str, str] = field(default_factory=dict)
+    stated: dict[str, tuple[int, int, int]] = field(default_factory=dict)  # tier -> arena, peak, persistent
+    placed: dict[str, list] = field(default_factory=dict)  # tier -> (first, last, offset, bytes, name)
+    scratch: list = field(default_factory=list)  # the device's workspace, as placed
+    peaks: dict[str, int] = field(default_factory=dict)
 
-    produced_at: dict[str, int] = {}
-    for node in graph.nodes:
-        for out in node.outputs:
-            produced_at[out] = step[node.name]
-    for node in graph.nodes:
-        for inp in node.inputs:
-            if inp in produced_at and produced_at[inp] >= step[node.name]:
-                raise Violation(f"node {node.name!r} at step {step[node.name]} reads {inp!r} before it is "
-                                f"produced (step {produced_at[inp]})")
+    @property
+    def last(self) -> int:
+        return len(self.plan["order"]) - 1
 
-    folded = folded_at_load(graph)
-    check_shape_nodes_first(graph, plan["order"], step, produced_at, folded)
-    check_sharding(graph, plan)
-
-    tiers = read_tiers(graph, plan)
-    if "recompute" in plan:
-        # a transfer's output is its input in another tier: a copy may read either where its original reads one
-        moved = {n.outputs[0]: n.inputs[0] for n in graph.nodes
-                 if tiers is not None and n.name in tiers.transfers and n.inputs and n.outputs}
-        check_recompute(graph, plan["recompute"], step, moved)
-
-    tensors = {}
-    for t in plan["tensors"]:
-        if t["name"] in tensors:
-            raise Violation(f"tensor {t['name']!r} is listed twice")
-        if t["name"] not in graph.values:
-            raise Violation(f"tensor {t['name']!r} is not in the model")
-        tensors[t["name"]] = t
-    for name, value in graph.values.items():
-        if name not in tensors:
-            raise Violation(f"tensor {name!r} is not in the plan")
-        if tensors[name]["bytes"] < value.nbytes:
-            raise Violation(f"tensor {name!r} needs {value.nbytes} bytes, plan gives {tensors[name]['bytes']}")
-
-    last = len(plan["order"]) - 1
-    readers: dict[str, list[int]] = {}
-    producer_node = {}
-    for node in graph.nodes:
-        for inp in node.inputs:
-            readers.setdefault(inp, []).append(step[node.name])
-        for out in node.outputs:
-            producer_node[out] = node
-
-    roots: dict[str, str] = {}  # each walk's names -> their root: a chain of n aliases is walked once
-
-    def root(name: str) -> str:
+    def root(self, name: str) -> str:
+        """The name owning `name`'s storage; each chain of aliases is walked once."""
         seen, path = set(), []
-        while name not in roots and "alias_of" in tensors[name]:
+        while name not in self.roots and "alias_of" in self.tensors[name]:
             if name in seen:
                 raise Violation(f"alias_of chain through {name!r} is a cycle")
             seen.add(name)
             path.append(name)
-            target = tensors[name]["alias_of"]
-            if target not in tensors:
+            target = self.tensors[name]["alias_of"]
+            if target not in self.tensors:
                 raise Violation(f"{name!r} is alias_of {target!r}, which the plan does not list")
             name = target
-        found = roots.get(name, name)
-        roots.update(dict.fromkeys(path, found))
+        found = self.roots.get(name, name)
+        self.roots.update(dict.fromkeys(path, found))
         return found
 
-    group: dict[str, list[str]] = {}
-    for name, t in tensors.items():
-        r = root(name)
-        group.setdefault(r, []).append(name)
+    def arena_name(self, tier: str) -> str:
+        return "arena" if self.tiers is None else f"{tier} arena"
+
+
+def the_plan_is_this_models(f: Facts) -> None:
+    if pair.member(f.plan, f.sha256) is None:
+        raise Violation(pair.refusal(f.plan, f.sha256))
+
+
+def each_node_once_in_the_order(f: Facts) -> None:
+    for s, name in enumerate(f.plan["order"]):
+        if name in f.step:
+            raise Violation(f"node {name!r} appears twice in the order")
+        f.step[name] = s
+    missing = [n.name for n in f.graph.nodes if n.name not in f.step]
+    if missing:
+        raise Violation(f"node {missing[0]!r} is missing from the order ({len(missing)} missing)")
+    known = {n.name for n in f.graph.nodes}
+    extra = [n for n in f.plan["order"] if n not in known]
+    if extra:
+        raise Violation(f"order names node {extra[0]!r}, which the model does not have")
+
+
+def each_input_made_before_it_is_read(f: Facts) -> None:
+    for node in f.graph.nodes:
+        for out in node.outputs:
+            f.produced_at[out] = f.step[node.name]
+            f.producer[out] = node
+        for inp in node.inputs:
+            f.readers.setdefault(inp, []).append(f.step[node.name])
+    for node in f.graph.nodes:
+        for inp in node.inputs:
+            if inp in f.produced_at and f.produced_at[inp] >= f.step[node.name]:
+                raise Violation(f"node {node.name!r} at step {f.step[node.name]} reads {inp!r} before it is "
+                                f"produced (step {f.produced_at[inp]})")
+
+
+def shape_nodes_run_first(f: Facts) -> None:
+    f.folded = folded_at_load(f.graph)
+    check_shape_nodes_first(f.graph, f.plan["order"], f.step, f.produced_at, f.folded)
+
+
+def collectives_are_the_ranks(f: Facts) -> None:
+    check_sharding(f.graph, f.plan)
+
+
+def tiers_are_the_models(f: Facts) -> None:
+    f.tiers = read_tiers(f.graph, f.plan)
+
+
+def copies_recompute_their_originals(f: Facts) -> None:
+    if "recompute" not in f.plan:
+        return
+    # a transfer's output is its input in another tier: a copy may read either where its original reads one
+    moved = {n.outputs[0]: n.inputs[0] for n in f.graph.nodes
+             if f.tiers is not None and n.name in f.tiers.transfers and n.inputs and n.outputs}
+    check_recompute(f.graph, f.plan["recompute"], f.step, moved)
+
+
+def each_tensor_listed_with_its_bytes(f: Facts) -> None:
+    for t in f.plan["tensors"]:
+        if t["name"] in f.tensors:
+            raise Violation(f"tensor {t['name']!r} is listed twice")
+        if t["name"] not in f.graph.values:
+            raise Violation(f"tensor {t['name']!r} is not in the model")
+        f.tensors[t["name"]] = t
+    for name, value in f.graph.values.items():
+        if name not in f.tensors:
+            raise Violation(f"tensor {name!r} is not in the plan")
+        if f.tensors[name]["bytes"] < value.nbytes:
+            raise Violation(f"tensor {name!r} needs {value.nbytes} bytes, plan gives {f.tensors[name]['bytes']}")
+
+
+def aliases_are_their_nodes(f: Facts) -> None:
+    """An alias is made by a node that may share its input's storage (a view, an in-place
+    write); a tensor without an offset is persistent and made by no node but a Constant."""
+    for name, t in f.tensors.items():
+        r = f.root(name)
+        f.group.setdefault(r, []).append(name)
+        node = f.producer.get(name)
         if "alias_of" in t:
             if t["offset"] is not None:
                 raise Violation(f"alias {name!r} has an offset of its own")
-            node = producer_node.get(name)
             if node is None:
                 raise Violation(f"{name!r} is not produced by any node, so it cannot be an alias")
-            if t["kind"] == "view" and (node.op_type not in VIEWS or root(node.inputs[0]) != r):
+            if t["kind"] == "view" and (node.op_type not in VIEWS or f.root(node.inputs[0]) != r):
                 raise Violation(f"{name!r} is marked a view of {t['alias_of']!r}, but {node.op_type} "
                                 f"node {node.name!r} does not make views")
             if "written_over" in t:
-                check_written_over(graph, name, t, node, [x for x in node.inputs if x in tensors and root(x) == r])
+                check_written_over(f.graph, name, t, node,
+                                   [x for x in node.inputs if x in f.tensors and f.root(x) == r])
         elif t["offset"] is None:
             if t["kind"] not in PERSISTENT:
                 raise Violation(f"transient tensor {name!r} has no offset")
-            node = producer_node.get(name)
             if node is not None and node.op_type != "Constant":
                 raise Violation(f"{name!r} is produced by node {node.name!r} but marked persistent "
                                 f"({t['kind']}) with no offset")
 
-    # In-place results: nobody may read the old contents after the writer ran. Per storage, its
-    # names by the step defining them, with the latest read of any defined so far: whether a
-    # writer's is late is one search, not a walk over the storage's names (a chain's are all).
+
+def nothing_reads_what_an_in_place_write_replaced(f: Facts) -> None:
+    """Per storage, its names by the step defining them, with the latest read of any defined so
+    far: whether a writer's is late is one search, not a walk over the storage's names."""
     latest: dict[str, tuple[list[int], list[int]]] = {}
-    for name, t in tensors.items():
+    for name, t in f.tensors.items():
         if t.get("kind") != "inplace" or "alias_of" not in t:
             continue
-        w = step[producer_node[name].name]
-        r = root(name)
+        w = f.step[f.producer[name].name]
+        r = f.root(name)
         if r not in latest:
-            by_step = sorted((produced_at.get(n, -1), max(readers.get(n, [-1]))) for n in group[r])
+            by_step = sorted((f.produced_at.get(n, -1), max(f.readers.get(n, [-1]))) for n in f.group[r])
             latest[r] = [d for d, _ in by_step], list(itertools.accumulate((read for _, read in by_step), max))
         steps, last_read = latest[r]
         before = bisect.bisect_left(steps, w)  # the names defined before the writer
         if not before or last_read[before - 1] <= w:
             continue
-        for other in group[r]:  # the late read, named as the first of the storage's names read late
-            defined = produced_at.get(other, -1)
-            if other == name or defined >= w:
+        for other in f.group[r]:  # the late read, named as the first of the storage's names read late
+            if other == name or f.produced_at.get(other, -1) >= w:
                 continue
-            late = [s for s in readers.get(other, []) if s > w]
+            late = [s for s in f.readers.get(other, []) if s > w]
             if late:
                 raise Violation(f"{name!r} overwrites the storage of {other!r} at step {w}, but {other!r} "
                                 f"is read at step {late[0]}")
 
-    tier_of = check_tiers(graph, tiers, tensors, group, root, folded)
-    # per tier: (its arena's bytes, the plan's peak live and persistent bytes there)
-    stated = {DEVICE: (plan["arena_bytes"], plan["peak_live_bytes"], plan["persistent_bytes"])}
-    if tiers is not None:
-        slow = plan["tiers"]
-        stated[tiers.slow] = (slow["arena_bytes"], slow["peak_live_bytes"], slow["persistent_bytes"])
 
-    def arena_name(tier: str) -> str:
-        return "arena" if tiers is None else f"{tier} arena"
+def each_tensor_in_its_tier(f: Facts) -> None:
+    f.tier_of = check_tiers(f.graph, f.tiers, f.tensors, f.group, f.root, f.folded)
+    f.stated = {DEVICE: (f.plan["arena_bytes"], f.plan["peak_live_bytes"], f.plan["persistent_bytes"])}
+    if f.tiers is not None:
+        slow = f.plan["tiers"]
+        f.stated[f.tiers.slow] = (slow["arena_bytes"], slow["peak_live_bytes"], slow["persistent_bytes"])
 
-    alignment = plan["alignment"]
-    placed: dict[str, list] = {tier: [] for tier in stated}
-    outputs = set(graph.outputs)
-    for r, names_in_group in group.items():
-        t = tensors[r]
+
+def lifetimes_cover_every_use(f: Facts) -> None:
+    """A storage lives from its producer's step to its last reader's (to the end when it is a
+    graph output, or when nothing reads it: the runtime frees it then)."""
+    outputs = set(f.graph.outputs)
+    f.placed = {tier: [] for tier in f.stated}
+    for r, names in f.group.items():
+        t = f.tensors[r]
         if t["offset"] is None:
             continue
-        first = produced_at.get(r)
+        first = f.produced_at.get(r)
         if first is None:
             raise Violation(f"{r!r} has an arena offset but no node produces it")
         need_last = first
-        for n in names_in_group:
-            need_last = max([need_last] + readers.get(n, []))
-            if n in outputs and tensors[n].get("kind") != "inplace":
-                need_last = last
-        if not any(readers.get(n) for n in names_in_group):  # nothing reads it: the runtime frees it at the end
-            need_last = last
+        for n in names:
+            need_last = max([need_last] + f.readers.get(n, []))
+            if n in outputs and f.tensors[n].get("kind") != "inplace":
+                need_last = f.last
+        if not any(f.readers.get(n) for n in names):
+            need_last = f.last
         if t["first_step"] > first or t["last_step"] < need_last:
             raise Violation(f"{r!r} lives over steps {t['first_step']}..{t['last_step']} in the plan, but is "
                             f"used over {first}..{need_last}")
-        if t["last_step"] > last:
-            raise Violation(f"{r!r} lives until step {t['last_step']}, past the plan's last step {last}")
-        tier = tier_of[r]
-        check_placement(repr(r), t["offset"], t["bytes"], alignment, stated[tier][0], arena_name(tier))
-        placed[tier].append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
+        if t["last_step"] > f.last:
+            raise Violation(f"{r!r} lives until step {t['last_step']}, past the plan's last step {f.last}")
+        f.placed[f.tier_of[r]].append((t["first_step"], t["last_step"], t["offset"], t["bytes"], r))
 
-    scratch = []  # the device's
-    for w in plan.get("workspace", ()):
-        where = f"workspace of {w['node']!r}"
-        if step.get(w["node"]) != w["step"]:
-            raise Violation(f"{where} is at step {w['step']}, but the node is at step {step.get(w['node'], 'none')}")
-        check_placement(where, w["offset"], w["bytes"], alignment, stated[DEVICE][0], arena_name(DEVICE))
-        scratch.append((w["step"], w["step"], w["offset"], w["bytes"], where))
 
-    peaks = {}
-    for tier, (_, stated_peak, stated_persistent) in stated.items():
-        check_overlaps(placed[tier] + (scratch if tier == DEVICE else []))
-        where = "" if tiers is None else f" in the {tier} tier"
-        peaks[tier] = peak_live(placed[tier], last)
-        if stated_peak != peaks[tier]:
-            raise Violation(f"plan states peak live {stated_peak} bytes{where}; its tensors give {peaks[tier]}")
-        persistent = sum(t["bytes"] for name, t in tensors.items()
-                         if t["offset"] is None and "alias_of" not in t and tier_of[name] == tier)
+def workspace_at_its_nodes_step(f: Facts) -> None:
+    for w in f.plan.get("workspace", ()):
+        if f.step.get(w["node"]) != w["step"]:
+            raise Violation(f"workspace of {w['node']!r} is at step {w['step']}, but the node is at step "
+                            f"{f.step.get(w['node'], 'none')}")
+        f.scratch.append((w["step"], w["step"], w["offset"], w["bytes"], f"workspace of {w['node']!r}"))
+
+
+def placements_aligned_inside_their_arena(f: Facts) -> None:
+    alignment = f.plan["alignment"]
+    for tier, placed in f.placed.items():
+        for _, _, offset, size, r in placed:
+            check_placement(repr(r), offset, size, alignment, f.stated[tier][0], f.arena_name(tier))
+    for _, _, offset, size, where in f.scratch:
+        check_placement(where, offset, size, alignment, f.stated[DEVICE][0], f.arena_name(DEVICE))
+
+
+def no_two_live_tensors_overlap(f: Facts) -> None:
+    for tier, placed in f.placed.items():
+        check_overlaps(placed + (f.scratch if tier == DEVICE else []))
+
+
+def stated_peaks_are_the_tensors(f: Facts) -> None:
+    for tier, (_, stated_peak, _) in f.stated.items():
+        f.peaks[tier] = peak_live(f.placed[tier], f.last)
+        if stated_peak != f.peaks[tier]:
+            where = "" if f.tiers is None else f" in the {tier} tier"
+            raise Violation(f"plan states peak live {stated_peak} bytes{where}; its tensors give {f.peaks[tier]}")
+
+
+def stated_persistent_bytes_are_the_tensors(f: Facts) -> None:
+    for tier, (_, _, stated_persistent) in f.stated.items():
+        persistent = sum(t["bytes"] for name, t in f.tensors.items()
+                         if t["offset"] is None and "alias_of" not in t and f.tier_of[name] == tier)
         if stated_persistent != persistent:
+            where = "" if f.tiers is None else f" in the {tier} tier"
             raise Violation(f"plan states {stated_persistent} persistent bytes{where}; its tensors give {persistent}")
-    summary = Summary(len(names), len(placed[DEVICE]), stated[DEVICE][0], peaks[DEVICE])
-    if tiers is not None:
-        check_transfer_records(graph, tiers, plan.get("offload", {}).get("transfers", ()), step, readers)
-        summary.slow = {"tier": tiers.slow, "placed": len(placed[tiers.slow]), "arena_bytes": stated[tiers.slow][0],
-                        "peak_live_bytes": peaks[tiers.slow], "transfers": len(tiers.transfers)}
+
+
+def transfers_are_the_models(f: Facts) -> None:
+    if f.tiers is not None:
+        check_transfer_records(f.graph, f.tiers, f.plan.get("offload", {}).get("transfers", ()), f.step, f.readers)
+
+
+# The invariants a plan must hold, checked in this order: the first broken one is the answer. Each
+# rule raises Violation with its own message and may rely on what the rules above it established.
+RULES = (
+    the_plan_is_this_models,
+    each_node_once_in_the_order,
+    each_input_made_before_it_is_read,
+    shape_nodes_run_first,
+    collectives_are_the_ranks,
+    tiers_are_the_models,
+    copies_recompute_their_originals,
+    each_tensor_listed_with_its_bytes,
+    aliases_are_their_nodes,
+    nothing_reads_what_an_in_place_write_replaced,
+    each_tensor_in_its_tier,
+    lifetimes_cover_every_use,
+    workspace_at_its_nodes_step,
+    placements_aligned_inside_their_arena,
+    no_two_live_tensors_overlap,
+    stated_peaks_are_the_tensors,
+    stated_persistent_bytes_are_the_tensors,
+    transfers_are_the_models,
+)
+
+
+def verify(graph: Graph, sha256: str, plan: dict) -> Summary:
+    """Raise Violation naming the first broken rule; return a summary when the plan holds.
+    `sha256` is the model file's: either member of the plan's pair passes."""
+    f = Facts(graph, sha256, plan)
+    for rule in RULES:
+        rule(f)
+    summary = Summary(len(graph.nodes), len(f.placed[DEVICE]), f.stated[DEVICE][0], f.peaks[DEVICE])
+    if f.tiers is not None:
+        slow = f.tiers.slow
+        summary.slow = {"tier": slow, "placed": len(f.placed[slow]), "arena_bytes": f.stated[slow][0],
+                        "peak_live_bytes": f.peaks[slow], "transfers": len(f.tiers.transfers)}
     return summary
 
 
