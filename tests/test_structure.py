@@ -12,7 +12,7 @@ RANKS = {
     "roam_cli": 0,  # the package itself: __version__
     "core": 0, "cost": 0.5, "solvers": 1, "lower": 1.5, "precision": 1.75, "frontend": 2, "backward": 2.5, "recompute": 3, "offload": 3.5, "shard": 3.75,
     "pair": 4, "verify": 4.5,
-    "order": 5, "remat": 5.5, "layout": 6, "runtime": 7, "outputs": 7,
+    "order": 5, "remat": 5.5, "layout": 6, "runtime": 7, "outputs": 7, "gradcheck": 7.5,
     "pipeline": 8, "budget": 9, "tradeoff": 9, "cli": 10, "__main__": 11,
 }
 

@@ -3,7 +3,7 @@
 The group, the options and helpers every command shares, and `main`; the commands are in the
 modules beside this one, by what they work on: `planning` (optimize, max-batch, tradeoff), `plans`
 (verify, report, plot, export), `running` (execute, train), `graphs` (make-training-graph, lower,
-emulate) and `solving` (remat, layout-csv)."""
+emulate, shard, gradcheck) and `solving` (remat, layout-csv)."""
 
 import math
 import os

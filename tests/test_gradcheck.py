@@ -1,0 +1,103 @@
+"""`roam gradcheck`: a two-layer tanh network whose training graph roam's backward writes, checked
+as it is, with one rule broken, with a Dropout, as a full step, and on the README's sample (ONNX
+Runtime's artifacts); and its refusals."""
+
+import numpy as np
+import pytest
+from conftest import SAMPLE, roam
+from onnx_builder import model, node, save
+
+from roam_cli.backward import rules
+from roam_cli.backward.step import build as roam_backward
+from roam_cli.frontend import training_graph
+
+
+def mlp(dropout: bool = False):
+    """x [4, 3] -> MatMul fc1.weight [3, 5] -> Tanh (-> Dropout 0.5) -> MatMul fc2.weight [5, 2] -> mean of squares."""
+    rng = np.random.default_rng(1)
+    nodes = [node("MatMul", ["x", "fc1.weight"], ["h"]), node("Tanh", ["h"], ["a"])]
+    # fc1 large enough that tanh' (1 - tanh^2) is well below 1 on the drawn x (0.1 N(0, 1))
+    inits = {"fc1.weight": 4 * rng.standard_normal([3, 5]).astype(np.float32), "fc2.weight": rng.standard_normal([5, 2]).astype(np.float32)}
+    if dropout:
+        inits |= {"ratio": np.array(0.5, np.float32), "training": np.array(True)}
+        nodes.append(node("Dropout", ["a", "ratio", "training"], ["d", "d.mask"]))
+    nodes += [node("MatMul", ["d" if dropout else "a", "fc2.weight"], ["y"]), node("Mul", ["y", "y"], ["square"]),
+              node("ReduceMean", ["square"], ["loss"], keepdims=0)]
+    return model(nodes, [("x", [4, 3])], [("loss", [])], initializers=inits)
+
+
+def training(tmp_path, forward, **options):
+    save(forward, tmp_path / "forward.onnx")
+    optimizer = None if options.get("in_graph") else tmp_path / "optimizer.onnx"  # roam's backward writes none
+    training_graph.make(tmp_path / "forward.onnx", tmp_path / "train.onnx", loss="none", backward=roam_backward,
+                        optimizer_path=optimizer, **options)
+    return tmp_path / "train.onnx"
+
+
+def checked(path, *args):
+    r = roam("gradcheck", path, "--json", *args)
+    return r, {p["name"]: p for p in r.json()["parameters"]} if r.out else {}
+
+
+def test_a_correct_backward_passes_in_float64_and_as_run(tmp_path):
+    r, found = checked(training(tmp_path, mlp()))
+    assert r.code == 0, r.err
+    assert set(found) == {"fc1.weight", "fc2.weight"}
+    for p in found.values():  # float64 differences good to ~1e-9 here; float32 to a few ulps
+        assert p["rule_error"] < 1e-7 and p["float32_error"] < 1e-5, p
+    assert r.json()["passed"] and r.json()["synthesised"] == ["x"]
+
+
+def test_a_broken_rule_is_named_by_the_parameter_it_feeds(tmp_path, monkeypatch):
+    # Tanh's gradient passed through unchanged (1 where it is 1 - tanh^2): fc2.weight's gradient, taken after
+    # the Tanh, is still right; fc1.weight's, taken through it, is wrong
+    monkeypatch.setitem(rules.RULES, "Tanh", (lambda g: g.give(0, g.dy()), (0,)))
+    r, found = checked(training(tmp_path, mlp()))
+    assert r.code == 1, r.err
+    assert found["fc2.weight"]["rule_error"] < 1e-7 and found["fc1.weight"]["rule_error"] > 1e-2
+    r = roam("gradcheck", tmp_path / "train.onnx")
+    assert r.code == 1 and len(r.err.strip().splitlines()) == 1
+    assert "1 of 2 gradients" in r.err and "'fc1.weight'" in r.err and "a backward rule is wrong" in r.err
+
+
+def test_a_dropout_mask_is_held_for_every_run(tmp_path):
+    r, found = checked(training(tmp_path, mlp(dropout=True)))
+    assert r.code == 0, r.err
+    assert r.json()["dropouts_fixed"] == 1
+    assert all(p["rule_error"] < 1e-7 for p in found.values())
+
+
+def test_a_full_step_is_checked_without_its_update(tmp_path):
+    r, found = checked(training(tmp_path, mlp(), in_graph=True))
+    assert r.code == 0, r.err
+    assert set(found) == {"fc1.weight", "fc2.weight"}
+
+
+def test_the_readme_sample_onnx_runtime_artifacts(tmp_path):
+    r, found = checked(SAMPLE)
+    assert r.code == 0, r.err
+    assert len(found) == 28 and r.json()["dropouts_fixed"] == 7
+    assert max(p["rule_error"] for p in found.values()) < 1e-6
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tolerance", "nan"], "--tolerance nan: a fraction"),
+    (["--float32-tolerance", "0"], "--float32-tolerance 0.0: a fraction"),
+    (["--loss", "h"], "'h' is not a scalar floating output"),
+])
+def test_bad_options_are_one_line(tmp_path, args, message):
+    r = roam("gradcheck", training(tmp_path, mlp()), *args)
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1 and message in r.err, r.err
+
+
+def test_inputs_of_another_model_or_a_graph_without_gradients_are_refused(tmp_path):
+    path = training(tmp_path, mlp())
+    np.savez(tmp_path / "batch.npz", pixels=np.zeros([4, 3], np.float32))
+    r = roam("gradcheck", path, "--inputs", tmp_path / "batch.npz")
+    assert r.code == 2 and "'pixels' is not an input" in r.err, r.err
+    np.savez(tmp_path / "batch.npz", x=np.zeros([4, 2], np.float32))
+    r = roam("gradcheck", path, "--inputs", tmp_path / "batch.npz")
+    assert r.code == 2 and "'x' is float32[4, 2], the model takes float32[4, 3]" in r.err, r.err
+    r = roam("gradcheck", tmp_path / "forward.onnx")
+    assert r.code == 2 and "computes no gradient" in r.err, r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["batch.npz", "forward.onnx", "train.onnx"]  # nothing written
