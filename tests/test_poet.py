@@ -12,7 +12,7 @@ from roam_cli.remat import poet, poet_solve
 from roam_cli.remat.poet_check import evaluate
 from tests.conftest import roam
 
-SAMPLES = Path("/work/shared/bench/poet")
+SAMPLES = Path(__file__).resolve().parent.parent / "sample_models" / "poet"
 
 # input 0 (8 bytes) -> layer 1 (4) -> loss 2 (2) -> gradient 3 (2, reads 2 twice as POET lists it,
 # and 1) -> gradient 4 (2, reads 3 and 0). Runtime = compute joules = [1, 4, 1, 2, 2], total 10;
@@ -114,8 +114,6 @@ def schedule_doc(s: poet.Schedule) -> dict:
 @pytest.mark.parametrize("name", ["linear_a72nocache", "vgg16_cifar_a72"])
 def test_solver_on_the_samples(name, tmp_path):
     path = SAMPLES / f"{name}.problem.json"
-    if not path.exists():
-        pytest.skip(f"{path} is not here")
     out = tmp_path / "schedule.json"
     r = roam("remat", path, "-o", out, "--time-limit", "5", "--json")
     assert r.code == 0, r.err
