@@ -41,9 +41,10 @@ def test_the_step_starts_from_the_exports_weights_and_writes_them_back_unchanged
                                  tmp_path / "trained.onnx")
     assert figures["weights_from"].endswith("lm.onnx") and figures["synthesised_inputs"] == []
     with np.load(tmp_path / "w.npz") as w:
-        assert sorted(w.files) == ["fc.weight", "lm_head.weight"]  # the tie once, under the name trained
+        assert sorted(w.files) == ["fc.weight", "lm_head.weight", "wte.weight"]  # the tie under both names
         np.testing.assert_array_equal(w["fc.weight"], fc)  # PyTorch's [out, in], not the export's transpose
         np.testing.assert_array_equal(w["lm_head.weight"], table)
+        np.testing.assert_array_equal(w["wte.weight"], table)
     original = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "lm.onnx")).graph.initializer}
     written = {t.name: numpy_helper.to_array(t) for t in onnx.load(str(tmp_path / "trained.onnx")).graph.initializer}
     assert written.keys() == original.keys()
@@ -72,10 +73,12 @@ def test_safetensors_holds_each_tensor_at_its_offsets_with_the_ties_in_its_metad
     assert (8 + n) % 8 == 0
     assert header["a.weight"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [0, 24]}
     assert header["b"] == {"dtype": "I64", "shape": [1], "data_offsets": [24, 32]}
+    assert header["head.weight"] == {"dtype": "F32", "shape": [2, 3], "data_offsets": [32, 56]}  # the tie, again
     assert json.loads(header["__metadata__"]["tied"]) == {"head.weight": "a.weight"}
     body = raw[8 + n:]
     np.testing.assert_array_equal(np.frombuffer(body[:24], "<f4").reshape(2, 3), a)
     assert np.frombuffer(body[24:32], "<i8").tolist() == [7]
+    np.testing.assert_array_equal(np.frombuffer(body[32:56], "<f4").reshape(2, 3), a)
 
 
 def test_save_options_refuse_in_one_line_and_write_nothing(tmp_path):

@@ -120,15 +120,17 @@ def materialised_buffers(module) -> dict[int, np.ndarray]:
 
 
 def export(module, args: tuple, input_names: list[str], output_names: list[str], *, prefix: str = "",
-           data_file: str = "weights.bin", opset: int = OPSET, log=lambda *a: None) -> Exported:
+           data_file: str = "weights.bin", opset: int = OPSET, dynamic_shapes=None, log=lambda *a: None) -> Exported:
     """Export `module(*args)` (train mode as set by the caller). Parameters on the meta device are
-    written as external data into `data_file` (not created); otherwise their values are embedded."""
+    written as external data into `data_file` (not created); otherwise their values are embedded.
+    `dynamic_shapes`: torch.onnx.export's (a symbolic batch)."""
     import torch
     from onnx_ir import to_proto
 
     t = time.time()
     prog = torch.onnx.export(module, args, dynamo=True, opset_version=opset, optimize=False,
-                             input_names=input_names, output_names=output_names, verbose=False)
+                             input_names=input_names, output_names=output_names, verbose=False,
+                             dynamic_shapes=dynamic_shapes)
     seconds = time.time() - t
     log(f"export: {seconds:.1f}s")
 

@@ -11,8 +11,8 @@ by perm; a parameter the export holds only so is that constant transposed back),
   weights, running statistics), read once; RoamError when the export cannot be read (`train`
   then synthesises them and says so).
 - `save_trained` writes, as one, either or both of: the trained parameters under their PyTorch
-  names (`weights_bytes`: a tied one once, under the name trained; `model.load_state_dict(weights,
-  strict=False)` fills the one tensor), in the layouts PyTorch has (a recovered weight already is
+  names (`weights_bytes`: a tied one under each of its names, so `model.load_state_dict(weights)`
+  misses no key), in the layouts PyTorch has (a recovered weight already is
   one): safetensors, or .npz; and the export itself with the trained values, its derived
   constants made again from them (`model_files`; ONNX Runtime's `export_model_for_inferencing`,
   for roam's steps)."""
@@ -105,8 +105,11 @@ def save_trained(save_weights: Path | None, save_model: Path | None, source: Sou
 
 
 def weights_bytes(path: Path, values: dict[str, np.ndarray], tied: dict[str, str]) -> bytes:
-    """`values` by name, as safetensors (its metadata lists the ties) or .npz, by `path`'s suffix."""
+    """`values` by name, a tied one under each of its names (PyTorch's state_dict has them all:
+    `load_state_dict` then misses none), as safetensors (its metadata lists the ties) or .npz, by
+    `path`'s suffix."""
     check_weights_path(path)
+    values = values | {alias: values[name] for alias, name in tied.items() if name in values}
     if path.suffix == ".npz":
         buffer = io.BytesIO()
         np.savez(buffer, **values)
