@@ -399,3 +399,16 @@ def test_emulating_a_graph_without_16_bit_nodes_says_there_is_nothing_to_emulate
     r = roam("emulate", mlp_export(tmp_path), "-o", tmp_path / "out.onnx")
     assert r.code == 2 and "nothing to emulate" in r.err and "runs as it is" not in r.err, r.err
     assert not (tmp_path / "out.onnx").exists()
+
+
+def test_emulating_a_model_whose_16_bit_types_its_opset_does_not_allow_is_refused(tmp_path):
+    # MatMul takes bfloat16 from opset 13: at 11 the model is invalid, and so would be its rewrite
+    m = model([node("MatMul", ["a", "b"], ["c"])], [("a", [2, 2], TensorProto.BFLOAT16), ("b", [2, 2], TensorProto.BFLOAT16)],
+              [("c", [2, 2], TensorProto.BFLOAT16)])
+    m.opset_import[0].version = 11
+    r = roam("emulate", save(m, tmp_path / "m.onnx"), "-o", tmp_path / "out.onnx")
+    assert r.code == 2 and len(r.err.strip().splitlines()) == 1, r.err
+    assert "is not a valid ONNX model" in r.err and "MatMul" in r.err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
+    m.opset_import[0].version = 13  # the same graph at an opset that allows it is emulated
+    assert roam("emulate", save(m, tmp_path / "m.onnx"), "-o", tmp_path / "out.onnx").code == 0

@@ -154,19 +154,20 @@ def test_ranks_started_from_a_source_tree_import_the_roam_that_launched_them(ste
     assert proc.returncode == 0, proc.stderr
 
 
-def start_long_run(steps, tmp_path, timeout):
-    """A run of a million steps, its run folder in tmp_path; returns (process, the folder) once every
+def start_long_run(steps, tmp_path, timeout, ranks=2, count=1000000):
+    """A run of `count` steps, its run folder in tmp_path; returns (process, the folder) once every
     rank has finished 3 steps."""
     out = tmp_path / "trained.npz"
-    proc = subprocess.Popen([sys.executable, "-m", "roam_cli", "train", steps / "rank2.onnx", "--plan",
-                             steps / "rank2.plan.json", "--ranks", "2", "--steps", "1000000", "--timeout", str(timeout),
+    proc = subprocess.Popen([sys.executable, "-m", "roam_cli", "train", steps / f"rank{ranks}.onnx", "--plan",
+                             steps / f"rank{ranks}.plan.json", "--ranks", str(ranks), "--steps", str(count), "--timeout",
+                             str(timeout),
                              "--save-weights", out], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)})
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         folders = list(tmp_path.glob("roam-ranks-*"))
         lines = [f.read_text().count("\n") for f in folders[0].glob("rank*.steps")] if folders else []
-        if len(lines) == 2 and min(lines) >= 3:
+        if len(lines) == ranks and min(lines) >= 3:
             return proc, folders[0]
         assert proc.poll() is None, proc.stderr.read()
         time.sleep(0.05)
@@ -174,16 +175,17 @@ def start_long_run(steps, tmp_path, timeout):
     pytest.fail("the ranks did not start within 60 s")
 
 
-def pids(folder: Path) -> list[int]:
-    return [json.loads((folder / f"rank{r}.status").read_text())["pid"] for r in (0, 1)]
+def pids(folder: Path, ranks: int = 2) -> list[int]:
+    return [json.loads((folder / f"rank{r}.status").read_text())["pid"] for r in range(ranks)]
 
 
 def gone(pid: int) -> bool:
+    """The process has ended: no such process, or one dead and not yet reaped (a zombie)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
         return True
-    return False
+    return stat[stat.rfind(")") + 2] == "Z"
 
 
 @needs_mpi
@@ -198,6 +200,32 @@ def test_a_rank_killed_during_a_step_ends_every_rank_naming_it(steps, tmp_path):
     assert err.startswith("roam: rank 1 died in step ") and "killed by signal 9" in err
     assert seconds < 30 and all(gone(pid) for pid in ids)
     assert not (tmp_path / "trained.npz").exists() and not folder.exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("killed", [2, 3])
+def test_of_four_ranks_the_one_killed_is_named_from_the_launchers_record(steps, tmp_path, killed):
+    proc, folder = start_long_run(steps, tmp_path, timeout=30, ranks=4)
+    ids = pids(folder, 4)
+    os.kill(ids[killed], signal.SIGKILL)
+    err = proc.communicate(timeout=30)[1]
+    assert proc.returncode == 1 and err.startswith(f"roam: rank {killed} died in step ") and err.count("\n") == 1, err
+    assert all(gone(pid) for pid in ids) and not folder.exists()
+
+
+@needs_mpi
+@pytest.mark.parametrize("stop, said", [(signal.SIGKILL, "mpiexec was killed by signal 9"),
+                                        (signal.SIGSTOP, "mpiexec is stopped (SIGSTOP")])
+def test_mpiexec_killed_or_stopped_is_said_as_such(steps, tmp_path, stop, said):
+    # stopped, mpiexec leaves its ranks training: the run stops where they need it, at the end
+    proc, folder = start_long_run(steps, tmp_path, timeout=2, count=200)
+    ids = pids(folder)
+    children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+    mpiexec = next(int(c) for c in children if b"mpiexec" in Path(f"/proc/{c}/cmdline").read_bytes())
+    os.kill(mpiexec, stop)
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 1 and err.startswith(f"roam: {said}") and err.count("\n") == 1, err
+    assert all(gone(pid) for pid in ids) and not folder.exists()
 
 
 @needs_mpi

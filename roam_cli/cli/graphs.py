@@ -65,10 +65,12 @@ def emulate(obj, model, out_path, as_json):
     """
     from roam_cli import lower as lower_mod
     from roam_cli.frontend.onnx_import import load_model
+    from roam_cli.precision.emulate import check_types
     from roam_cli.precision.emulate import emulate as rewrite
 
     check_output_path(out_path, [model])
     source, _ = load_model(model)
+    check_types(source, model)
     count = rewrite(source)
     if not count:
         raise RoamError(f"{model} has no bf16 or fp16 node the CPU provider lacks a kernel for: nothing to emulate")

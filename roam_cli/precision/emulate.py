@@ -22,6 +22,7 @@ import functools
 import onnx
 from onnx import TensorProto, helper
 
+from roam_cli.core.errors import RoamError, first_line
 from roam_cli.core.graph import type_name
 from roam_cli.precision import LOW_TYPES, declared_types, unique
 
@@ -38,6 +39,15 @@ def element_types(model: onnx.ModelProto) -> dict[str, int]:
              if vi.type.HasField("tensor_type")}
     types.update({t.name: t.data_type for t in g.initializer})
     return types
+
+
+def check_types(model: onnx.ModelProto, path) -> None:
+    """RoamError when a node's types are not ones ONNX allows it at the model's opset (a bfloat16
+    MatMul before opset 13): what is rewritten from it would be as invalid as it is."""
+    try:
+        onnx.shape_inference.infer_shapes(model, check_type=True, strict_mode=True)
+    except (onnx.shape_inference.InferenceError, onnx.checker.ValidationError) as e:
+        raise RoamError(f"{path} is not a valid ONNX model: {first_line(e)}") from None
 
 
 @functools.cache

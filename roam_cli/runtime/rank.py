@@ -10,13 +10,15 @@ writes them whole to FOLDER/weights.npz.
 What it tells the launcher goes through files in FOLDER, not MPI: `rank<r>.status`, rewritten every
 HEARTBEAT_S seconds by a thread and at each phase (pid, time, phase, collectives entered and left);
 `rank<r>.steps`, a JSON line per step finished; at the end `rank<r>.json` (its figures) or
-`rank<r>.error` (what stopped it). A rank that fails stops every rank (MPI_Abort): the others would
-wait for it in the next collective. A rank whose launcher is gone ends itself."""
+`rank<r>.error` (what stopped it); and a socket to the launcher, held open for the process's life,
+that the launcher sees close when it dies. A rank that fails stops every rank (MPI_Abort): the
+others would wait for it in the next collective. A rank whose launcher is gone ends itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import threading
 import time
@@ -38,8 +40,12 @@ EXIT_CODES = {"usage": 2, "check": 1, "internal": 3}  # the CLI's, by what stopp
 class Reporter:
     """This rank's files in the run's folder (see the module's doc)."""
 
-    def __init__(self, folder: Path, rank: int, launcher: int):
+    def __init__(self, folder: Path, rank: int, launcher: int, lifeline: str):
         self.folder, self.rank, self.launcher = folder, rank, launcher
+        # held open until this process ends: the launcher sees it close as this rank dies (ranks.Run)
+        self.lifeline = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.lifeline.connect("\0" + lifeline)
+        self.lifeline.sendall(f"{rank}\n".encode())
         self.phase = "start"
         self.lock = threading.Lock()  # the thread's beat and the phase's
         self.steps = open(folder / f"rank{rank}.steps", "a")
@@ -170,7 +176,7 @@ def main(folder: str) -> None:
     folder = Path(folder)
     job = json.loads((folder / "job.json").read_text())
     # mpiexec (hydra) names the rank before MPI starts: a rank that dies while MPI starts is named too
-    reporter = Reporter(folder, int(os.environ.get("PMI_RANK", "0")), job["launcher"])
+    reporter = Reporter(folder, int(os.environ.get("PMI_RANK", "0")), job["launcher"], job["lifeline"])
     comm = None
     try:
         from mpi4py import MPI

@@ -6,8 +6,10 @@ roam_cli.runtime.rank FOLDER` (`rank.py`) in a session of its own and watches th
 FOLDER: a step is reported when every rank finished it, with the mean of the ranks' outputs (each
 the mean over its rows, so the whole batch's mean loss).
 
-A rank that fails writes why and stops the others (MPI_Abort); a rank that dies is named by mpiexec
-(MPICH's hydra ends the others at once). A run where no step finishes on every rank within
+A rank that fails writes why and stops the others (MPI_Abort); a rank that dies is named from the
+launcher's own record, the first of the ranks' lifelines (a socket each holds open) to close
+(MPICH's hydra ends the others at once; its text names whichever process it saw end); mpiexec
+killed or stopped is said as such. A run where no step finishes on every rank within
 `timeout` seconds is a hang (the first step's counting from when every rank has started: opening
 a rank's session takes what its size takes, under whatever else the machine runs); while starting,
 a rank is hung when it has not reported, or its heartbeat stopped, for `start_timeout` seconds
@@ -22,7 +24,9 @@ from __future__ import annotations
 import json
 import os
 import re
+import select
 import shutil
+import socket
 import signal
 import statistics
 import subprocess
@@ -100,9 +104,9 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
     job = {"model": str(model_path.resolve()), "plan": plan, "steps": steps,
            "inputs": str(inputs_path.resolve()) if inputs_path else None, "seed": seed, "learning_rate": learning_rate,
            "allocator": allocator, "compare": compare, "allow_unplanned": allow_unplanned, "launcher": os.getpid(),
-           "threads": max(1, len(os.sched_getaffinity(0)) // ranks)}
+           "lifeline": f"roam-{folder.name}", "threads": max(1, len(os.sched_getaffinity(0)) // ranks)}
     (folder / "job.json").write_text(json.dumps(job))
-    run = Run(folder, ranks, steps, timeout, start_timeout)
+    run = Run(folder, ranks, steps, timeout, start_timeout, job["lifeline"])
     try:
         per_rank = run.supervise(on_step or (lambda row: None))
         figures = summary(run, per_rank, model_path, plan, allocator, seed)
@@ -116,13 +120,22 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
 class Run:
     """mpiexec and its ranks, seen through the files they write in `folder` (`rank.py`)."""
 
-    def __init__(self, folder: Path, ranks: int, steps: int, timeout: float, start_timeout: float = START_S):
+    def __init__(self, folder: Path, ranks: int, steps: int, timeout: float, start_timeout: float = START_S,
+                 lifeline: str | None = None):
         self.folder, self.ranks, self.steps, self.timeout = folder, ranks, steps, timeout
         self.start_timeout = start_timeout
         self.lines: list[list[dict]] = [[] for _ in range(ranks)]  # each rank's steps finished
         self.read_to = [0] * ranks
         self.proc: subprocess.Popen | None = None
         self.rows: list[dict] = []  # the steps every rank finished, combined
+        # each rank's lifeline: a socket it connects at its start and never closes; the kernel closes it
+        # as the process dies, before mpiexec can hear of the death and end the others, so the first
+        # to close is the rank that died (MPICH's own text names whichever process it saw end)
+        self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.listener.bind("\0" + (lifeline or folder.name))  # abstract: no file, no path length limit
+        self.listener.listen(ranks)
+        self.lifelines: dict[socket.socket, bytes] = {}  # each connection -> what it said (its rank)
+        self.dead: list[int] = []  # the ranks whose lifeline closed, in the order they closed
 
     def supervise(self, on_step) -> list[dict]:
         """Start the ranks and watch them to the end: every rank's figures, or the error naming the rank."""
@@ -159,10 +172,12 @@ class Run:
                          f"({self.timeout:g} s)")
             else:
                 blame = None
+            if blame and self.launcher_stopped():
+                blame = "mpiexec is stopped (SIGSTOP, or a terminal's Ctrl-Z), so its ranks cannot go on"
             if blame:
                 self.end()
                 raise CheckFailed(f"{blame}; every rank was stopped")
-            time.sleep(POLL_S)
+            self.listen(POLL_S)
         if code == 0 and all((self.folder / f"rank{r}.json").is_file() for r in range(self.ranks)):
             return [json.loads((self.folder / f"rank{r}.json").read_text()) for r in range(self.ranks)]
         raise self.failure(code)
@@ -189,6 +204,26 @@ class Run:
                               "memory": [e["memory"] for e in each]})
             new.append(self.rows[-1])
         return new
+
+    def listen(self, seconds: float) -> None:
+        """Wait up to `seconds` for the ranks' lifelines: one connecting, saying its rank, or closing."""
+        ready, _, _ = select.select([self.listener, *self.lifelines], [], [], seconds)
+        for s in ready:
+            if s is self.listener:
+                self.lifelines[s.accept()[0]] = b""
+                continue
+            data = s.recv(64)
+            if data:
+                self.lifelines[s] += data
+                continue
+            said = self.lifelines.pop(s)
+            s.close()
+            if said.endswith(b"\n"):
+                self.dead.append(int(said))
+
+    def launcher_stopped(self) -> bool:
+        """mpiexec itself is stopped (SIGSTOP, a terminal's Ctrl-Z): its ranks cannot end a step."""
+        return self.proc is not None and process_state(self.proc.pid) in ("T", "t")
 
     def status(self, r: int) -> dict | None:
         try:
@@ -237,8 +272,14 @@ class Run:
         return f"rank {r} hung {self.where(r, statuses[r])}"
 
     def failure(self, code: int) -> Exception:
-        """Why mpiexec ended with `code`: the error a rank wrote (the first), else the rank mpiexec saw die."""
+        """Why mpiexec ended with `code`: a signal to mpiexec itself, else the error a rank wrote (the
+        first), else the rank whose process ended first (this launcher's own record: MPICH's text
+        names the process it saw end, not always the one that died first)."""
         self.read_steps()  # each rank's last steps, for where it was
+        while self.lifelines and select.select(list(self.lifelines), [], [], 0)[0]:
+            self.listen(0)  # the closings not yet read
+        if code < 0:
+            return CheckFailed(f"mpiexec was killed by signal {-code}; every rank was stopped")
         errors = sorted((path.stat().st_mtime, int(path.stem[4:]), json.loads(path.read_text()))
                         for path in self.folder.glob("rank*.error"))
         if errors:
@@ -247,34 +288,45 @@ class Run:
             return {"usage": RoamError, "check": CheckFailed}.get(e["kind"], RoamBug)(message)
         said = (self.folder / "mpiexec.err").read_text(errors="replace") + \
             (self.folder / "mpiexec.out").read_text(errors="replace")
-        pid = re.search(r"BAD TERMINATION OF ONE OF YOUR APPLICATION PROCESSES\s*=\s*PID (\d+)", said)
-        signalled = re.search(r"\(signal (\d+)\)", said)
+        signalled = re.search(r"\(signal (\d+)\)", said)  # how: MPICH says the signal a process ended by
         how = f"killed by signal {signalled.group(1)}" if signalled else f"mpiexec exit status {code}"
-        statuses = [self.status(r) for r in range(self.ranks)]
-        dead = [r for r, s in enumerate(statuses) if s is not None and pid and s["pid"] == int(pid.group(1))]
-        if not dead:  # one that died before it could say so: what it printed last
-            last = next((line.strip() for line in reversed(said.splitlines()) if line.strip()), "")
-            return CheckFailed(f"a rank died ({how}); every rank was stopped" + (f"; it printed: {last}" if last else ""))
+        dead = [r for r in self.dead if not (self.folder / f"rank{r}.json").is_file()]  # not one that finished
+        if not dead:  # it died before it could connect
+            return CheckFailed(f"a rank died while starting ({how}); every rank was stopped")
         r = dead[0]
-        return CheckFailed(f"rank {r} died {self.where(r, statuses[r])} ({how}); every rank was stopped")
+        return CheckFailed(f"rank {r} died {self.where(r, self.status(r))} ({how}); every rank was stopped")
 
     def end(self) -> None:
-        """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own), then
-        mpiexec, given END_S to see them die and clean up (its proxy reaps them) before it is killed too."""
-        if self.proc is None or self.proc.poll() is not None:
+        """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own; killed
+        even when mpiexec is gone, as it is when mpiexec itself was killed), then mpiexec, given END_S
+        to see them die and clean up (its proxy reaps them) before it is killed too."""
+        for s in [self.listener, *self.lifelines]:
+            s.close()
+        if self.proc is None:
             return
         for r in range(self.ranks):
             s = self.status(r)
-            if s is not None:
+            if s is not None and (self.proc.poll() is None or self.proc.returncode < 0):
                 try:
                     os.kill(s["pid"], signal.SIGKILL)
                 except ProcessLookupError:
                     pass
+        if self.proc.poll() is not None:
+            return
         try:
             self.proc.wait(END_S)
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def process_state(pid: int) -> str | None:
+    """The state letter /proc gives a process (R, S, T stopped, Z zombie, ...), None when it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rfind(")") + 2:][:1] or None
 
 
 def summary(run: Run, per_rank: list[dict], model_path: Path, plan: dict, allocator: str, seed: int) -> dict:
