@@ -63,7 +63,8 @@ def functional(path) -> onnx.ModelProto:
     return step
 
 
-@pytest.fixture(scope="module", params=["transformer", "mlp"])
+# the 40-layer transformer plans within the gap in 12 s: the slow run; the MLP in the default one
+@pytest.fixture(scope="module", params=[pytest.param("transformer", marks=pytest.mark.slow), "mlp"])
 def functional_step(request, tmp_path_factory):
     d = tmp_path_factory.mktemp(request.param)
     save((transformer if request.param == "transformer" else mlp)(LAYERS), d / "forward.onnx")

@@ -145,6 +145,7 @@ def test_repair_gives_the_peak_step_its_least_bytes():
     assert peak(problem, [0, 2, 3, 1, 4]) == 111 == bounds.lower_bound(problem, [0, 2, 3, 1, 4])
 
 
+@pytest.mark.slow  # 7 s: every strategy, ILP included; test_order_rules and test_properties check the orders in the default run
 def test_every_strategy_returns_a_topological_order_and_roam_is_never_worse():
     graph = import_model(SAMPLE).graph
     mm = memory.build(graph)

@@ -61,6 +61,7 @@ def test_down_set_search_is_exact_and_proves_it(engine):
 
 
 @pytest.mark.skipif(ideals._ideals is None, reason="the C extension did not build")
+@pytest.mark.slow  # 6 s of searches; the C search's answers are checked against the reference on small cases below
 def test_the_c_search_is_the_reference_state_for_state():
     # same order, peak, proof and visited count, under budgets that stop it mid-search too, on
     # problems wider than one 64-bit word of nodes

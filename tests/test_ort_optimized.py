@@ -110,6 +110,7 @@ def external(tmp_path, path):
     return tmp_path / "src" / "m.onnx"
 
 
+@pytest.mark.slow  # 10 s: ORT optimises and executes; the in-file member's run is in the default run
 def test_external_weights_stay_external_and_move_beside_the_annotated_model(tmp_path, source):
     source = external(tmp_path, source[0])
     r = roam("optimize", source, "-o", tmp_path / "plan.json", "--ort-optimized", "basic",

@@ -17,6 +17,8 @@ from roam_cli.core.errors import RoamError
 # device budget; --workspace calibrate puts ORT's kernel scratch in the plan, so that every request
 # is a planned one and the device pool is the plan's device arena to the byte
 BUDGET = "1.8MiB"
+# 21 s, most of it the tiered plan's search: the slow run (test_tiers checks the tiered plan in the default one)
+pytestmark = pytest.mark.slow
 
 
 def in_fresh_process(function, *args):

@@ -135,6 +135,7 @@ def test_a_tiered_plan_verifies_with_both_arenas(tiered):
     assert "device arena" in r.out and "host: " in r.out
 
 
+@pytest.mark.slow  # 9 s: a tight budget's tier search; the tiered plan's checks are the default run's
 def test_a_plan_with_persistent_bytes_on_the_host_verifies(step):
     """A tight budget moves persistent tensors to the host: the device's views of their copies
     (input_ids's Reshape) live on the device, and no transfer copies a device tensor."""

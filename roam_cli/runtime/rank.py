@@ -42,10 +42,14 @@ class Reporter:
 
     def __init__(self, folder: Path, rank: int, launcher: int, lifeline: str):
         self.folder, self.rank, self.launcher = folder, rank, launcher
-        # held open until this process ends: the launcher sees it close as this rank dies (ranks.Run)
-        self.lifeline = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        self.lifeline.connect("\0" + lifeline)
-        self.lifeline.sendall(f"{rank}\n".encode())
+        # held open until this process ends: the launcher sees it close as this rank dies (ranks.Run).
+        # It becomes fd 0 (stdin, unread): a dying process closes its files from fd 0 up, so it closes
+        # before the socket through which mpiexec hears of the death and ends the other ranks
+        line = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        line.connect("\0" + lifeline)
+        line.sendall(f"{rank}\n".encode())
+        os.dup2(line.fileno(), 0)
+        line.close()
         self.phase = "start"
         self.lock = threading.Lock()  # the thread's beat and the phase's
         self.steps = open(folder / f"rank{rank}.steps", "a")

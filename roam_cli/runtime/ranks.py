@@ -134,7 +134,11 @@ class Run:
         self.listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.listener.bind("\0" + (lifeline or folder.name))  # abstract: no file, no path length limit
         self.listener.listen(ranks)
-        self.lifelines: dict[socket.socket, bytes] = {}  # each connection -> what it said (its rank)
+        # epoll hands back the sockets in the order they became ready: the first to close comes first
+        # even when several closed before this process next ran
+        self.poll = select.epoll()
+        self.poll.register(self.listener, select.EPOLLIN)
+        self.lifelines: dict[int, tuple[socket.socket, bytes]] = {}  # fd -> the connection, what it said (its rank)
         self.dead: list[int] = []  # the ranks whose lifeline closed, in the order they closed
 
     def supervise(self, on_step) -> list[dict]:
@@ -207,17 +211,20 @@ class Run:
 
     def listen(self, seconds: float) -> None:
         """Wait up to `seconds` for the ranks' lifelines: one connecting, saying its rank, or closing."""
-        ready, _, _ = select.select([self.listener, *self.lifelines], [], [], seconds)
-        for s in ready:
-            if s is self.listener:
-                self.lifelines[s.accept()[0]] = b""
+        for fd, _ in self.poll.poll(seconds):
+            if fd == self.listener.fileno():
+                conn = self.listener.accept()[0]
+                self.poll.register(conn, select.EPOLLIN)
+                self.lifelines[conn.fileno()] = (conn, b"")
                 continue
-            data = s.recv(64)
+            conn, said = self.lifelines[fd]
+            data = conn.recv(64)
             if data:
-                self.lifelines[s] += data
+                self.lifelines[fd] = (conn, said + data)
                 continue
-            said = self.lifelines.pop(s)
-            s.close()
+            self.poll.unregister(conn)
+            del self.lifelines[fd]
+            conn.close()
             if said.endswith(b"\n"):
                 self.dead.append(int(said))
 
@@ -276,7 +283,7 @@ class Run:
         first), else the rank whose process ended first (this launcher's own record: MPICH's text
         names the process it saw end, not always the one that died first)."""
         self.read_steps()  # each rank's last steps, for where it was
-        while self.lifelines and select.select(list(self.lifelines), [], [], 0)[0]:
+        for _ in range(len(self.lifelines) * 2):
             self.listen(0)  # the closings not yet read
         if code < 0:
             return CheckFailed(f"mpiexec was killed by signal {-code}; every rank was stopped")
@@ -300,8 +307,10 @@ class Run:
         """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own; killed
         even when mpiexec is gone, as it is when mpiexec itself was killed), then mpiexec, given END_S
         to see them die and clean up (its proxy reaps them) before it is killed too."""
-        for s in [self.listener, *self.lifelines]:
-            s.close()
+        for conn, _ in self.lifelines.values():
+            conn.close()
+        self.listener.close()
+        self.poll.close()
         if self.proc is None:
             return
         for r in range(self.ranks):
