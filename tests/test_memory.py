@@ -234,3 +234,13 @@ def test_symbolic_dims_are_bound(tmp_path):
     assert mm.tensor_bytes["y"] == 8 * 64 * 4
     with pytest.raises(RoamError, match="--dim batch=N"):
         plan_of(tmp_path, m)
+
+
+def test_an_integer_value_is_an_index_whichever_nodes_made_it(tmp_path):
+    # forward: a = relu(x), loss = sum(a); backward: s = Shape(a) (int64), g = Expand(one, s), y = g * a
+    m = model([node("Relu", ["x"], ["a"]), node("ReduceSum", ["a"], ["loss"], keepdims=0),
+               node("Shape", ["a"], ["s"]), node("Expand", ["one", "s"], ["g"]), node("Mul", ["g", "a"], ["y"])],
+              [("x", [2, 3])], [("loss", []), ("y", [2, 3])], initializers={"one": np.ones([1], np.float32)})
+    mm = memory.build(import_model(save(m, tmp_path / "m.onnx")).graph)
+    assert mm.node_class == ["forward", "forward", "backward", "backward", "backward"]
+    assert (mm.kind["a"], mm.kind["s"], mm.kind["g"], mm.kind["y"]) == ("activation", "index", "gradient", "gradient")

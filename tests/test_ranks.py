@@ -216,7 +216,8 @@ def test_of_four_ranks_the_one_killed_is_named_from_the_launchers_record(steps, 
 
 @needs_mpi
 @pytest.mark.parametrize("stop, said", [(signal.SIGKILL, "mpiexec was killed by signal 9"),
-                                        (signal.SIGSTOP, "mpiexec is stopped (SIGSTOP")])
+                                        pytest.param(signal.SIGSTOP, "mpiexec is stopped (SIGSTOP",
+                                                     marks=pytest.mark.slow)])  # 9 s: 200 steps, then the timeout
 def test_mpiexec_killed_or_stopped_is_said_as_such(steps, tmp_path, stop, said):
     # stopped, mpiexec leaves its ranks training: the run stops where they need it, at the end
     proc, folder = start_long_run(steps, tmp_path, timeout=2, count=200)

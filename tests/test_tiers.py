@@ -273,3 +273,20 @@ def test_the_source_model_is_rewritten_again_from_the_plan(hand):
     assert [(n.name, n.inputs) for n in again.graph.nodes] == [(n.name, n.inputs) for n in g.nodes]
     assert {n.name: n.inputs for n in again.graph.nodes}["h/to_device"] == ("h/to_host", "roam/same_shape")
     assert json.loads(again.graph.metadata[memory.TIERS_KEY]) == json.loads(g.metadata[memory.TIERS_KEY])
+
+
+@pytest.mark.slow  # 12 s: a roomy budget's tier search
+def test_an_offload_the_budget_does_not_force_says_why_it_was_chosen(step, tiered):
+    """At 1 GiB the sample's step fits whole, yet the host's placement is estimated faster: optimize
+    says that keeping everything fits too and that the objective chose; at 2 MiB (`tiered`) keeping
+    everything does not fit, and it says nothing of the kind."""
+    r = roam("optimize", step / "step.onnx", "-o", step / "roomy.json", "--offload", "host", "--budget", "1GiB")
+    assert r.code == 0, r.err
+    plan = json.loads((step / "roomy.json").read_text())
+    keep = next(c for c in plan["offload"]["candidates"] if c["policy"] == "keep")
+    assert keep["fits"] and plan["offload"]["policy"] != "keep"
+    assert "keeping everything on the device fits the budget too" in r.out and "not one the budget forces" in r.out
+    _, _, tight = tiered
+    assert not next(c for c in tight["offload"]["candidates"] if c["policy"] == "keep")["fits"]
+    r = roam("report", step / "plan.json")
+    assert r.code == 0 and "fits the budget too" not in r.out, r.out

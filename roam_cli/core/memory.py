@@ -18,6 +18,8 @@ layouts consume; `lifetimes()` turns an order into each storage's [first, last] 
 import json
 from dataclasses import dataclass, field
 
+from onnx import TensorProto
+
 from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import Graph, element_size
@@ -70,8 +72,10 @@ UPDATE_SUFFIXES = (".out", "_out", ".new", "_new", ".updated", "_updated", "_nex
 # The model may declare its pairs explicitly: metadata_props[INPLACE_KEY] = {"output": "input"}.
 INPLACE_KEY = "roam.inplace"
 
-PERSISTENT_KINDS = ("parameter", "optimizer_state", "gradient_buffer", "constant", "data_input")
-TRANSIENT_KINDS = ("activation", "gradient", "update_temp")
+# A transient integer value (a shape, a position, an index) is kind "index" whichever node class made
+# it (a shape the backward computes is no gradient), but for a transfer's copy, which is a transfer.
+INTEGER_TYPES = frozenset({TensorProto.INT64, TensorProto.INT32, TensorProto.INT16, TensorProto.INT8,
+                           TensorProto.UINT64, TensorProto.UINT32, TensorProto.UINT16, TensorProto.UINT8})
 NODE_CLASSES = ("forward", "backward", "accumulate", "update", "recompute", "transfer")
 # metadata_props key of a model with nodes roam added to recompute values after the forward:
 # {"copy node": "original node"} (roam_cli.recompute)
@@ -337,6 +341,8 @@ def build(graph: Graph, alignment: int = 256, inplace: dict[str, str] | None = N
                 kind[out] = alias[out]
                 continue
             kind[out] = transient_kind[node_class[i]]
+            if kind[out] != "transfer" and graph.values[out].dtype in INTEGER_TYPES:
+                kind[out] = "index"
             storages.append(Storage(out, tensor_bytes[out], kind[out], i, tuple(sorted(readers[out] - {i})),
                                     out in to_end, tiers.node_tier(i) if tiers else DEVICE))
     for name in storage_of:

@@ -23,7 +23,8 @@ from roam_cli.core.units import format_bytes
 from roam_cli.outputs.report import live_curve, persistent_by_kind, plan_curve, strategy_rows
 
 FORMATS = ("png", "svg")
-CLASS_COLORS = {"activation": "#4e79a7", "gradient": "#f28e2c", "update_temp": "#59a14f", "transfer": "#76b7b2"}
+CLASS_COLORS = {"activation": "#4e79a7", "gradient": "#f28e2c", "update_temp": "#59a14f", "transfer": "#76b7b2",
+                "index": "#bab0ac"}
 PERSISTENT_COLOR = "#bab0ab"
 MARK_COLOR = "#76448a"  # the budget line and the peak step
 ORDER_COLORS = ("#e15759", "#4e79a7")  # the original order, the plan's order

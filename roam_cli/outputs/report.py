@@ -319,6 +319,7 @@ def policy_name(policy: str) -> str:
     """A candidate's name as the report says it ("+free": on the graph with `free` recomputation)."""
     base, free = policy.removesuffix("+free"), policy.endswith("+free")
     return POLICY_NAMES.get(base, base) + (", recompute free" if free else "")
+OBJECTIVE_WORDS = {"time": "step time", "energy": "energy"}
 OFFLOAD_COLUMNS = ("candidate", "device bytes", "slow tier bytes", "transfers", "est. step time", "est. energy", "fits")
 
 
@@ -356,6 +357,11 @@ def offload_lines_of(e: dict) -> list[str]:
         text += (f" (keeping everything on the device: {format_seconds(keep['seconds'])}, "
                  f"{est['seconds'] / keep['seconds'] - 1:+.1%})")
     lines.append(text + " — an estimate from the profile's figures, not a measurement")
+    kept = next((c for c in e["candidates"] if c["policy"] == "keep"), None)
+    if kept is not None and kept["fits"] and e["policy"] != "keep":  # offloading, though all would fit
+        lines.append(f"keeping everything on the device fits the budget too ({format_bytes(kept['device_bytes'])}); "
+                     f"this placement is the one of least estimated {OBJECTIVE_WORDS[e['objective']]} that fits "
+                     "(--objective), not one the budget forces")
     return lines
 
 
