@@ -73,6 +73,18 @@ def test_a_full_step_is_checked_without_its_update(tmp_path):
     assert set(found) == {"fc1.weight", "fc2.weight"}
 
 
+def test_a_bf16_step_is_checked_as_the_cpu_runs_it_against_its_roundoff(tmp_path):
+    path = training(tmp_path, mlp(), in_graph=True, precision="bf16")
+    assert roam("emulate", path, "-o", tmp_path / "cpu.onnx").code == 0
+    r, found = checked(tmp_path / "cpu.onnx")
+    assert r.code == 0, r.err
+    assert (r.json()["tolerance"], r.json()["float32_tolerance"]) == (2.0**-8, 10 * 2.0**-8)
+    assert "bfloat16" in r.json()["notes"][0]
+    assert set(found) == {"fc1.weight", "fc2.weight"} and all(p["rule_error"] < 2.0**-8 for p in found.values())
+    r = roam("gradcheck", path)  # as it is, bf16 arithmetic the CPU provider lacks
+    assert r.code == 2 and "roam emulate" in r.err, r.err
+
+
 def test_the_readme_sample_onnx_runtime_artifacts(tmp_path):
     r, found = checked(SAMPLE)
     assert r.code == 0, r.err
