@@ -66,7 +66,7 @@ def clobber(plan: dict) -> tuple[dict, str, str]:
     raise AssertionError("no tensor is produced while another is live")
 
 
-def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(runnable_plan, tmp_path):
+def test_overlapping_plan_is_rejected_by_verify_and_by_execute_before_it_runs(runnable_plan, tmp_path):
     model_path, _, plan, _ = runnable_plan
     bad, _, culprit = clobber(plan)
     (tmp_path / "bad.json").write_text(json.dumps(bad))
@@ -76,7 +76,12 @@ def test_overlapping_plan_is_rejected_by_verify_and_caught_by_replay(runnable_pl
     r = roam("execute", model_path, "--plan", tmp_path / "bad.json", "--json")
     assert r.code == 1 and len(r.err.strip().splitlines()) == 1 and "the plan does not hold" in r.err, r.err
     assert culprit in r.err and r.out == ""
-    # past that check, the replay itself catches it
+
+
+@pytest.mark.slow  # 8 s: the whole sample replayed node by node
+def test_overlapping_plan_past_verify_is_caught_by_the_replay(runnable_plan):
+    model_path, _, plan, _ = runnable_plan
+    bad, _, _ = clobber(plan)
     with pair.planned_graph(Path(model_path), bad) as imported:
         try:
             result = execute_graph(imported, Path(model_path), bad, "cpu", None, 0, None)
