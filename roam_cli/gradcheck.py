@@ -121,7 +121,8 @@ def check(path: Path, given: dict[str, np.ndarray], seed: int = 0, loss: str | N
     forward, _ = runner_for(forward_model)
     read = {i.name for i in forward_model.graph.input}
     exact = [g.astype(np.float64) for g in g64[1:]]
-    # a gradient a normalisation cancels is zero: its errors are measured against a millionth of the largest one
+    # a gradient a normalisation cancels is zero, a small one is all rounding in its differences: errors are
+    # measured against at least FLOOR of the largest gradient
     floor = FLOOR * max((float(np.linalg.norm(g)) for g in exact), default=0.0) + 1e-300
     findings = []
     for k, p in enumerate(grads):
