@@ -5,9 +5,10 @@ computes as `p_grad`, the name ONNX Runtime's gradient builders and roam's backw
 
 - **the rules**: the graph run in float64 (every floating type widened, ORT's fused training ops
   lowered first) against central differences of its loss, the forward alone, along a random unit
-  direction `v` of the parameter: |<g64, v> - dL/dv| / |g64|. The difference is taken at two steps
-  and extrapolated (Richardson); how far the two steps disagree is the difference's own
-  uncertainty, which widens the tolerance where the function is badly conditioned, and is shown.
+  direction `v` of the parameter: |<g64, v> - dL/dv| / |g64|. The differences are taken at six
+  steps and neighbours extrapolated (Richardson), the best-agreeing pair kept (`ridders`); how far
+  that pair disagrees is the difference's own uncertainty, which widens the tolerance where the
+  function is badly conditioned, and is shown.
 - **float32**: the graph as it runs (its own types, on the installed ONNX Runtime) against its
   float64 self: |g32 - g64| / |g64|. This is what training on it follows; a gradient fine in
   float64 and far off in float32 is rounding the model amplifies, not a wrong rule.
@@ -37,7 +38,7 @@ RULE_TOLERANCE = 1e-6  # float64 differences are good to ~1e-9 on a well-conditi
 FLOAT32_TOLERANCE = 1e-2  # PyTorch's own float32 gradients are within 1e-3 of float64's on 26 architectures
 WIDENED = {TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16}
 RANDOM_OPS = {"RandomNormal", "RandomNormalLike", "RandomUniform", "RandomUniformLike", "Bernoulli", "Multinomial"}
-STEPS = (1e-5, 5e-6)
+STEPS = tuple(1e-3 * 4.0**-k for k in range(6))  # the differences' steps, relative to max(|P|, 1)
 FLOOR = 1e-4
 UNIT_ROUNDOFF = {TensorProto.BFLOAT16: 2.0**-8, TensorProto.FLOAT16: 2.0**-11}  # the differences' steps, relative to the parameter's norm
 
@@ -128,12 +129,9 @@ def check(path: Path, given: dict[str, np.ndarray], seed: int = 0, loss: str | N
     for k, p in enumerate(grads):
         direction = rng.standard_normal(exact[k].shape)
         direction /= max(np.linalg.norm(direction), 1e-300)
-        estimates = [difference(forward, wide_values, p, direction, s * max(np.linalg.norm(wide_values[p]), 1.0))
-                     for s in STEPS]
-        extrapolated = (4 * estimates[1] - estimates[0]) / 3
+        derivative, uncertainty = ridders(forward, wide_values, p, direction, max(np.linalg.norm(wide_values[p]), 1.0))
         scale = max(np.linalg.norm(exact[k]), floor)
-        findings.append(Finding(p, abs(float(np.vdot(exact[k], direction)) - extrapolated) / scale,
-                                abs(estimates[1] - estimates[0]) / scale,
+        findings.append(Finding(p, abs(float(np.vdot(exact[k], direction)) - derivative) / scale, uncertainty / scale,
                                 float(np.linalg.norm(as_run[k + 1].astype(np.float64) - exact[k]) / scale)))
     return Report(loss, float(np.ravel(as_run[0])[0]), float(np.ravel(g64[0])[0]), runner, findings,
                   [x for x in synthesised if x in read],
@@ -322,6 +320,18 @@ def runner_for(model: onnx.ModelProto):
         names = set(evaluator.input_names)
         return (lambda feeds: evaluator.run(None, {k: v for k, v in feeds.items() if k in names})), \
             "onnx's reference evaluator (ONNX Runtime lacks a float64 kernel)"
+
+
+def ridders(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray,
+            size: float) -> tuple[float, float]:
+    """The loss's derivative along `direction` at `parameter` and its uncertainty: central differences
+    at each of STEPS (times `size`), each pair of neighbours extrapolated (Richardson, h and h/4), and
+    the extrapolation that agrees best with the one before it kept. Large steps suit a parameter whose
+    effect is small (rounding dominates), small ones a badly conditioned loss (truncation dominates)."""
+    plain = [difference(forward, values, parameter, direction, step * size) for step in STEPS]
+    extrapolated = [(16 * fine - coarse) / 15 for coarse, fine in zip(plain, plain[1:])]
+    best = min(range(1, len(extrapolated)), key=lambda k: abs(extrapolated[k] - extrapolated[k - 1]))
+    return extrapolated[best], abs(extrapolated[best] - extrapolated[best - 1])
 
 
 def difference(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray, step: float) -> float:
