@@ -9,7 +9,6 @@ from roam_cli.cli import cli, out, parse_pairs, split_names
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_path
 from roam_cli.frontend import training_graph
-from roam_cli.gradcheck import FLOAT32_TOLERANCE, RULE_TOLERANCE
 from roam_cli.precision import PRECISIONS
 
 
@@ -241,10 +240,10 @@ def precision_line(p: dict) -> str:
 @click.option("--loss", default=None, help="The loss output  [default: the first output]")
 @click.option("--seed", default=0, show_default=True, type=int,
               help="Seed of the directions, the Dropout masks and the values drawn.")
-@click.option("--tolerance", default=RULE_TOLERANCE, show_default=True, type=float,
-              help="Most a float64 gradient may differ from its forward's differences, relative to its norm.")
-@click.option("--float32-tolerance", default=FLOAT32_TOLERANCE, show_default=True, type=float,
-              help="Most a gradient as the graph runs may differ from its float64 self, relative to its norm.")
+@click.option("--tolerance", type=float, help="Most a float64 gradient may differ from its forward's "
+              "differences, relative to its norm  [default: 1e-06]")
+@click.option("--float32-tolerance", type=float, help="Most a gradient as the graph runs may differ from its "
+              "float64 self, relative to its norm  [default: 0.01]")
 @click.option("--json", "as_json", is_flag=True, help="Print every parameter's errors as JSON.")
 @click.pass_obj
 def gradcheck(obj, model, inputs_path, loss, seed, tolerance, float32_tolerance, as_json):
@@ -266,11 +265,12 @@ def gradcheck(obj, model, inputs_path, loss, seed, tolerance, float32_tolerance,
     from roam_cli import gradcheck as check_mod
     from roam_cli.core.fileio import read_arrays
 
-    for option, value in (("--tolerance", tolerance), ("--float32-tolerance", float32_tolerance)):
-        if not 0 < value <= 1 or math.isnan(value):
-            raise RoamError(f"{option} {value}: a fraction above 0 and at most 1")
+    limits = {"tolerance": tolerance, "float32_tolerance": float32_tolerance}  # None: gradcheck's default
+    for option, value in limits.items():
+        if value is not None and (not 0 < value <= 1 or math.isnan(value)):
+            raise RoamError(f"--{option.replace('_', '-')} {value}: a fraction above 0 and at most 1")
     given = read_arrays(inputs_path, "--inputs") if inputs_path is not None else {}
-    report = check_mod.check(model, given, seed, loss, tolerance, float32_tolerance)
+    report = check_mod.check(model, given, seed, loss, **{k: v for k, v in limits.items() if v is not None})
     if as_json:
         out.print_json(json.dumps(check_mod.as_json(report)))
     elif not obj["quiet"]:
