@@ -1,4 +1,4 @@
-"""Run by tests/test_ranks.py under `mpiexec -n 2`: one ONNX Runtime session of AllGather and
+"""Run by tests/shard/test_ranks.py under `mpiexec -n 2`: one ONNX Runtime session of AllGather and
 ReduceScatter nodes (roam's MPI collectives), fed rank-dependent values; each rank saves what it
 got to OUT/rank<r>.npz."""
 

@@ -11,6 +11,7 @@ from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
 from roam_cli.lower import lower_model
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # the benchmarks package: some tests build their inputs with it
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
 ORT131 = Path("/work/venvs/ort131/bin/python")  # a separate environment with today's onnxruntime
 
