@@ -67,12 +67,19 @@ def hoist(graph: Graph, mm: MemoryModel, order: list[int], profile: Profile) -> 
     best, seconds = order, estimate(profile, steps, n).seconds
     for moved in candidates:
         hoisted = [order[k] for k in sorted(range(len(order)), key=moved.__getitem__)]
-        if hoisted == best or peak_live(mm, lifetimes(mm, hoisted))[0] > peak:
+        # a gather moved later can pass the in-place update of the shard it reads (a recomputing
+        # gather in the backward): such a schedule is no order of the step
+        if hoisted == best or not runs_after_its_preds(mm, hoisted) or peak_live(mm, lifetimes(mm, hoisted))[0] > peak:
             continue
         took = estimate(profile, timing.steps(graph, mm, hoisted), n).seconds
         if took < seconds or (took == seconds and best is order):
             best, seconds = hoisted, took
     return best
+
+
+def runs_after_its_preds(mm: MemoryModel, order: list[int]) -> bool:
+    position = {v: k for k, v in enumerate(order)}
+    return all(position[u] < position[v] for v, preds in enumerate(mm.preds) for u in preds)
 
 
 def views_sunk(graph: Graph, order: list[int], steps: list) -> tuple[dict[int, float], dict[int, int]]:

@@ -630,6 +630,20 @@ def test_the_communication_is_estimated_on_the_profile_s_interconnect(steps, tmp
     assert not (tmp_path / "pcie.json").exists()
 
 
+@pytest.mark.slow  # (planning the sample's rank step with recompute: 5 s)
+def test_a_regathered_parameter_is_read_before_its_update_overwrites_it(sample_plans, tmp_path):
+    """With --recompute free the sample's 2-rank step gathers ln_f's parameters again in the
+    backward; moving that gather later (to free the ring for the ones needed first) once put it
+    after the update that writes over the shard it reads: optimize wrote a plan verify refused."""
+    d = sample_plans
+    done = roam("optimize", d / "rank2.onnx", "-o", tmp_path / "free.json", "--recompute", "free")
+    assert done.code == 0, done.err
+    plan = json.loads((tmp_path / "free.json").read_text())
+    assert plan["sharding"]["communication"]["all_gather"]["regathered"] > 0
+    checked = roam("verify", tmp_path / plan["model"]["path"], tmp_path / "free.json")
+    assert checked.code == 0, checked.err
+
+
 def test_verify_refuses_a_plan_for_another_rank_layout(sample_plans, tmp_path):
     d = sample_plans
     plan = json.loads((d / "plan2.json").read_text())
