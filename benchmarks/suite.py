@@ -1,11 +1,13 @@
 #!/usr/bin/env python3
 """The benchmark suite: training graphs of standard models, without weights, from one command.
 
-    python benchmarks/suite.py                      # every model -> /work/suite_cache/<model>/
-    python benchmarks/suite.py --only gpt2_small,bert_base --out DIR
-    python benchmarks/suite.py --list               # the models and their sizes
-    python benchmarks/suite.py --tiny --forward-only --out tests/fixtures   # the test fixtures
-    python benchmarks/suite.py --only gpt2_xl --layers 2 --out DIR   # gpt2_xl_2l: 2 of its 48 blocks
+    python -m benchmarks.suite                      # every model -> benchmarks/.cache/suite/<model>/
+    python -m benchmarks.suite --only gpt2_small,bert_base --out DIR
+    python -m benchmarks.suite --list               # the models and their sizes
+    python -m benchmarks.suite --tiny --forward-only --out tests/fixtures   # the test fixtures
+    python -m benchmarks.suite --only gpt2_xl --layers 2 --out DIR   # gpt2_xl_2l: 2 of its 48 blocks
+
+The benchmarks that plan the suite read it from benchmarks/.cache/suite (their --suite option).
 
 Each model is a Hugging Face model built from its configuration on `torch.device("meta")`: no
 download, no weight is ever allocated (random-weight configs, so nothing is folded or merged by
@@ -39,7 +41,9 @@ from pathlib import Path
 
 import torch
 
-DEFAULT_OUT = Path("/work/suite_cache")
+from benchmarks.harness import CACHE
+
+DEFAULT_OUT = CACHE / "suite"
 SEED = 1234
 
 
@@ -204,7 +208,7 @@ def make(spec: Model, out: Path, meta: bool = True) -> dict:
     row = dict(model=spec.name, size=spec.size, params=expected[0], elements=expected[1],
                forward=nodes["forward.onnx"], training=nodes["training_model.onnx"],
                full_step=nodes["full_step.onnx"], export_s=export_s, artifacts_s=artifacts_s, full_step_s=full_s)
-    write_atomic(folder / "model.json", json.dumps(row, indent=1))  # what make_benchmarks_md.py reports
+    write_atomic(folder / "model.json", json.dumps(row, indent=1))  # what order_layout/suite_plans.py reports
     return row
 
 

@@ -1,4 +1,4 @@
-"""Hypothesis strategies for the property tests and benchmarks/fuzz.py: random training-like DAGs
+"""Hypothesis strategies for the property tests and benchmarks/order_layout/fuzz.py: random training-like DAGs
 as real ONNX models, and random buffer sets for the layout strategies.
 
 The DAGs use ops with simple shape semantics so that import and shape inference run for real:

@@ -9,7 +9,7 @@ first. Training builds (onnxruntime-training, ENABLE_TRAINING) then move every `
 node to right after the node producing its input, so that input can be freed early; other
 builds do not (`training_build`, by default the installed runtime's).
 
-Cross-checked against ORT 1.19 (training) and 1.32 profiling (`benchmarks/ort_order_check.py`). The edges are the
+Cross-checked against ORT 1.19 (training) and 1.32 profiling (`benchmarks/runtime/ort_order_check.py`). The edges are the
 memory model's constraints: data edges plus the in-place rules, which ORT does not need because
 it does not update declared state in place; on graphs without such rules they are ORT's edges.
 

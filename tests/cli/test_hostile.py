@@ -343,7 +343,7 @@ def test_a_10000_node_chain_plans_and_verifies(tmp_path):
 
 @pytest.mark.slow  # 30 s
 def test_a_100000_node_chain_plans_in_bounded_memory(tmp_path):
-    """benchmarks/chain100k.py has the figures; this holds the bound the docs state."""
+    """benchmarks/order_layout/chain100k.py has the figures; this holds the bound the docs state."""
     path = tmp_path / "chain.onnx"
     path.write_bytes(chain(100_000).SerializeToString())
     code, _, rss, stderr = measure([sys.executable, "-m", "roam_cli", "-q", "optimize", str(path), "-o",

@@ -1,7 +1,7 @@
 """Property tests: whatever the graph, every order x layout strategy gives a plan `verify` accepts,
 and every layout keeps live buffers apart inside the arena it reports.
 
-A few hundred cases here; `python benchmarks/fuzz.py` runs the same checks on 10,000+."""
+A few hundred cases here; `python -m benchmarks run order_layout/fuzz` runs the same checks on 10,000+."""
 
 import tempfile
 import time
@@ -64,7 +64,7 @@ def check_layouts(buffers: list[tuple[int, int, int]], time_limit: float = TIME_
     return seconds
 
 
-@settings(CI, max_examples=10)  # each example makes 30 plans; benchmarks/fuzz.py runs thousands
+@settings(CI, max_examples=10)  # each example makes 30 plans; benchmarks/order_layout/fuzz.py runs thousands
 @given(training_graphs())
 def test_every_strategy_plans_random_graphs_validly(model):
     check_plans(model)
