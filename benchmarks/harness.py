@@ -16,12 +16,14 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import logging
 import os
 import platform
 import resource
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -121,6 +123,14 @@ def needs_torch(torch, module: str) -> None:
     if torch is None:
         name = "/".join(module.split(".")[1:])
         sys.exit(f"{name} needs the bench extra (torch, transformers): pip install -e '.[bench]'")
+
+
+def quiet_torch(torch, threads: int = 1) -> None:
+    """torch's exporters warn about every traced Hugging Face construct: warnings and log lines off,
+    and torch on `threads` threads (the cells run side by side)."""
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+    torch.set_num_threads(threads)
 
 
 def markdown_table(header: list[str], rows: list[list], align: str | None = None) -> str:

@@ -40,7 +40,7 @@ MIN_POINTS = 2  # the two ends
 PROBES_PER_POINT = 4  # budget programs solved per point asked for, at most, before giving up on a gap
 # A point's order search visits at most this many down-sets per leaf, a third of optimize's: the
 # sample's front in a third of the time, within 0.5 % of the full search's at every point but one
-# (BENCHMARKS.md, "The README's commands in seconds"); optimize at a point's budget searches fully.
+# (docs/benchmarks/scale.md, "The README's commands on its sample"); optimize at a point's budget searches fully.
 POINT_LEAF_STATES = 80_000
 
 

@@ -44,11 +44,9 @@ from __future__ import annotations
 import copy
 import gc
 import json
-import logging
 import sys
 import tempfile
 import time
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -286,9 +284,7 @@ def main(argv: list[str]) -> list[dict]:
     ap.add_argument("--layers", type=int, default=2, help="num_hidden_layers of the reduced models (default 2)")
     ap.add_argument("--full", default="gpt2", help="models at their published depth (default gpt2)")
     args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(2)
+    harness.quiet_torch(torch, 2)
     full = set(filter(None, args.full.split(",")))
     rows = []
     for name in args.only.split(","):

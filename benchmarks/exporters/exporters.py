@@ -31,12 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 try:
@@ -217,9 +215,7 @@ def main(argv: list[str]) -> dict:
     a = p.parse_args(argv)
     global PERTURB
     PERTURB = a.perturb
-    warnings.filterwarnings("ignore")  # the exporters warn about every traced Hugging Face construct
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
+    harness.quiet_torch(torch)
     models = a.only.split(",") if a.only else list(configs())
     exporters = a.exporters.split(",")
     with tempfile.TemporaryDirectory() as scratch:

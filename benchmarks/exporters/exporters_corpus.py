@@ -51,11 +51,9 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import re
 import subprocess
 import sys
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -69,15 +67,8 @@ except ImportError:  # the records' tables need no torch; measuring does
 from onnx import numpy_helper
 
 from benchmarks import cells, harness
-from benchmarks.exporters.autograd_check import (
-    GRADIENT_BUFFER,
-    TOLERANCE,
-    fresh,
-    relative_errors,
-    roam_gradients,
-    session,
-    torch_gradients,
-)
+from benchmarks.exporters.autograd_check import (GRADIENT_BUFFER, TOLERANCE, fresh, relative_errors, roam_gradients,
+    session, torch_gradients)
 from benchmarks.exporters.exporters import Wrapped
 from roam_cli.core.errors import first_line
 
@@ -196,9 +187,7 @@ def export(model, feeds: dict[str, np.ndarray], exporter: str, path: Path) -> No
 
 def cell(name: str, exporter: str, folder: Path) -> dict:
     """Export model `name` with `exporter` into `folder`, make its training graph, check it."""
-    warnings.filterwarnings("ignore")  # the exporters warn about every traced Hugging Face construct
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
+    harness.quiet_torch(torch)
     model, feeds, labels = model_and_batch(name)
     weights = {n: t.detach().numpy().copy() for n, t in [*model.named_parameters(remove_duplicate=False),
                                                           *model.named_buffers(remove_duplicate=False)]}

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import logging
 import statistics
 import subprocess
 import sys
@@ -186,9 +185,7 @@ def main(argv: list[str]) -> list[dict]:
     ap.add_argument("--batch", default="1,32")
     ap.add_argument("--timeout", type=float, default=300, help="seconds for each roam command")
     args = ap.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
+    harness.quiet_torch(torch)
     rows = []
     for name in args.only.split(","):
         for batch in map(int, args.batch.split(",")):

@@ -48,11 +48,9 @@ from __future__ import annotations
 
 import copy
 import json
-import logging
 import subprocess
 import sys
 import tempfile
-import warnings
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -66,11 +64,7 @@ except ImportError:  # the records' tables need no torch; measuring does
 from onnx import numpy_helper
 
 from benchmarks import cells, harness
-from benchmarks.exporters.autograd_check import (
-    cross_entropy,
-    roam_gradients,
-    torch_gradients,
-)
+from benchmarks.exporters.autograd_check import cross_entropy, roam_gradients, torch_gradients
 from benchmarks.exporters.exporters import Wrapped
 from benchmarks.exporters.exporters_corpus import configs, export, model_and_batch
 from roam_cli.backward import step as roam_step
@@ -253,9 +247,7 @@ def cell(name: str, kind: str, folder: Path) -> dict:
 
 def one_cell(spec: str, out: Path) -> dict:
     """The cell process: `--cell MODEL:KIND --out FOLDER`."""
-    warnings.filterwarnings("ignore")  # the exporters warn about every traced Hugging Face construct
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
+    harness.quiet_torch(torch)
     name, kind = spec.split(":")
     return cell(name, kind, out)
 

@@ -27,11 +27,9 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import subprocess
 import sys
 import tempfile
-import warnings
 from pathlib import Path
 
 import numpy as np
@@ -145,9 +143,7 @@ def main(argv: list[str]) -> list[dict]:
     p.add_argument("--only", default=",".join(MODELS))
     p.add_argument("--kinds", default="bf16,fp16")
     a = p.parse_args(argv)
-    warnings.filterwarnings("ignore")
-    logging.disable(logging.WARNING)
-    torch.set_num_threads(1)
+    harness.quiet_torch(torch)
     rows = []
     for name in a.only.split(","):
         for kind in a.kinds.split(","):

@@ -38,23 +38,16 @@ benchmarks/.cache/foreign; planning them needs only roam, about 10 minutes for t
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import tempfile
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 from benchmarks import harness
-from benchmarks.scale.scale import (  # noqa: F401 (table)
-    Llama,
-    chosen,
-    quiet_meta_export,
-    run_plans,
-    runs_of,
-    table,
-)
+from benchmarks.scale.scale import (Llama, build_steps, chosen, plan_options, plan_steps,  # noqa: F401 (table)
+                                    quiet_meta_export, table)
 
 TAKES = "about 10 min for 70b,405b; needs the steps (python -m benchmarks.scale.foreign --build: torch, ~35 min)"
 CACHE = harness.CACHE / "foreign"
@@ -250,25 +243,11 @@ def build(size: str, v: Foreign, cache: Path) -> Path:
 
 
 def main(argv: list[str]) -> dict:
-    ap = harness.options(__name__, __doc__)
-    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (70b, 405b, tiny) or SIZE-VARIANT")
-    ap.add_argument("--cache", type=Path, default=CACHE)
-    ap.add_argument("--runs", default="off:0,free:0.01", help="comma-separated RECOMPUTE:GAP plans of each step")
-    ap.add_argument("--jobs", type=int, default=2)
-    ap.add_argument("--plans", type=Path, help="folder to keep the plans in (default: a temporary one)")
-    args = ap.parse_args(argv)
-    made = [(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]), asdict(VARIANTS[name]))
-            for size, name in chosen(args.only, MODELS, VARIANTS)]
-    for name, step, _ in made:
-        harness.needs(step, f"make it with `python -m benchmarks.scale.foreign --build --only {name}` (torch)")
-    return {"jobs": args.jobs, "rows": run_plans(made, runs_of(args.runs), args.jobs, args.plans)}
+    args = plan_options(__name__, __doc__, "comma-separated sizes (70b, 405b, tiny) or SIZE-VARIANT", CACHE).parse_args(argv)
+    return plan_steps(args, [(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]), VARIANTS[name])
+                             for size, name in chosen(args.only, MODELS, VARIANTS)], __name__)
 
 
-if __name__ == "__main__":  # only --build: make the steps (torch, onnxruntime-training)
-    b = argparse.ArgumentParser(prog="python -m benchmarks.scale.foreign --build")
-    b.add_argument("--build", action="store_true", required=True)
-    b.add_argument("--only", default="70b,405b")
-    b.add_argument("--cache", type=Path, default=CACHE)
-    a = b.parse_args()
-    for size, name in chosen(a.only, MODELS, VARIANTS):
-        print(build(size, VARIANTS[name], a.cache), flush=True)
+if __name__ == "__main__":
+    build_steps("benchmarks.scale.foreign", CACHE,
+                lambda only: [(size, VARIANTS[name]) for size, name in chosen(only, MODELS, VARIANTS)])

@@ -35,6 +35,7 @@ The plans are written into `--plans` (default: a temporary folder)."""
 from __future__ import annotations
 
 import argparse
+import importlib
 import dataclasses
 import json
 import re
@@ -267,20 +268,31 @@ def run_plans(steps: list[tuple[str, Path, dict]], runs: list[tuple[str, str]], 
 
 
 def main(argv: list[str]) -> dict:
-    ap = harness.options(__name__, __doc__)
-    ap.add_argument("--only", default="70b,405b", help="comma-separated sizes (7b, 70b, 405b, tiny), variants (70b-sdpa)")
-    ap.add_argument("--cache", type=Path, default=CACHE)
+    args = plan_options(__name__, __doc__, "comma-separated sizes (7b, 70b, 405b, tiny), variants (70b-sdpa)",
+                        CACHE).parse_args(argv)
+    return plan_steps(args, [(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]), VARIANTS[name])
+                             for size, name in chosen(args.only)], __name__)
+
+
+def plan_options(module: str, doc: str, only: str, cache: Path) -> argparse.ArgumentParser:
+    """The options of a benchmark that plans a family of steps it builds into `cache` (this one,
+    scale/foreign)."""
+    ap = harness.options(module, doc)
+    ap.add_argument("--only", default="70b,405b", help=only)
+    ap.add_argument("--cache", type=Path, default=cache)
     ap.add_argument("--runs", default="off:0,free:0.01", help="comma-separated RECOMPUTE:GAP plans of each step")
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--plans", type=Path, help="folder to keep the plans in (default: a temporary one)")
-    args = ap.parse_args(argv)
-    steps = chosen(args.only)
-    for size, name in steps:
-        harness.needs(step_path(args.cache, size, VARIANTS[name]),
-                      f"make it with `python -m benchmarks.scale.scale --build --only {size}-{name}` (torch)")
-    rows = run_plans([(f"{size}-{name}", step_path(args.cache, size, VARIANTS[name]),
-                       dataclasses.asdict(VARIANTS[name])) for size, name in steps],
-                     runs_of(args.runs), args.jobs, args.plans)
+    return ap
+
+
+def plan_steps(args, steps: list[tuple[str, Path, object]], module: str) -> dict:
+    """Each (name, path, variant) step planned as --runs says; a step not built stops the run, saying
+    how `module` builds it."""
+    for name, path, _ in steps:
+        harness.needs(path, f"make it with `python -m {module} --build --only {name}` (torch)")
+    rows = run_plans([(name, path, dataclasses.asdict(variant)) for name, path, variant in steps], runs_of(args.runs), args.jobs,
+                     args.plans)
     return {"jobs": args.jobs, "rows": rows}
 
 
@@ -354,11 +366,18 @@ def walls(rows: list[dict]) -> str:
                                             for run, v in runs.items()) for size, runs in spans.items())
 
 
-if __name__ == "__main__":  # only --build: make the steps (torch, onnxruntime-training)
-    b = argparse.ArgumentParser(prog="python -m benchmarks.scale.scale --build")
+def build_steps(module: str, cache: Path, steps) -> None:
+    """`python -m MODULE --build [--only ...] [--cache DIR]`: the steps `steps(only)` names, each
+    (size, variant), built by the module's `build` (torch, onnxruntime-training)."""
+    b = argparse.ArgumentParser(prog=f"python -m {module} --build")
     b.add_argument("--build", action="store_true", required=True)
     b.add_argument("--only", default="70b,405b")
-    b.add_argument("--cache", type=Path, default=CACHE)
+    b.add_argument("--cache", type=Path, default=cache)
     a = b.parse_args()
-    for size, name in chosen(a.only):
-        print(build(size, VARIANTS[name], a.cache), flush=True)
+    build_one = importlib.import_module(module).build
+    for size, variant in steps(a.only):
+        print(build_one(size, variant, a.cache), flush=True)
+
+
+if __name__ == "__main__":
+    build_steps("benchmarks.scale.scale", CACHE, lambda only: [(size, VARIANTS[name]) for size, name in chosen(only)])

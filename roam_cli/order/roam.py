@@ -12,7 +12,7 @@
    (`jobs` processes), by the down-set search (`ideals.py`, in C), which proves narrow leaves
    optimal in milliseconds and improves wide ones within its budget of visited sets. (An ILP
    warm-started from its best, run on leaves the search did not prove, improved none of them on
-   the corpus and the suite and took each leaf's full seconds: BENCHMARKS.md, issue 33.)
+   the corpus and the suite and took each leaf's full seconds: `git show 5fad6a8:BENCHMARKS.md`, issue 33.)
    Stitching a leaf's order back changes only its own steps. When every leaf at the peak is
    optimal within its borders (or out of time), the next level of the tree merges neighbours in
    pairs, so nodes can cross the old cuts; this repeats up to the root, the bound, or the
@@ -36,7 +36,7 @@ LEAF_STATES = 250_000  # down-sets the exhaustive search may visit (about a seco
 # ... and at most this many bytes of them (a down-set of n nodes is n bits): a leaf's work grows with
 # its states times its width, so a 20,000-node leaf visits 13,000 states (at 256 MiB: 107,000 and its
 # 10 s, improving nothing on the 70B-class rank step); leaves up to 1,000 nodes keep LEAF_STATES. The
-# suite's nine free plans and three 70B-class steps planned the same (BENCHMARKS.md, issue 40)
+# suite's nine free plans and three 70B-class steps planned the same (`git show 5fad6a8:BENCHMARKS.md`, issue 40)
 LEAF_SEEN_BYTES = 32 * 2**20
 LEAF_SECONDS = 10.0
 # The whole problem, once the tree has merged up to it, where it is small: the exact search may

@@ -11,8 +11,7 @@ import onnxruntime as ort
 import pytest
 from backward_check import check
 from conftest import ORT131, ROOT, SAMPLE, needs_ort_training, roam
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builder import model, node, save
 

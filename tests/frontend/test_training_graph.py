@@ -21,12 +21,7 @@ from roam_cli import pipeline
 from roam_cli.core.errors import RoamError
 from roam_cli.core.memory import INPLACE_KEY
 from roam_cli.frontend import shapes, training_graph
-from roam_cli.frontend.optimizer_graph import (
-    SGD,
-    AdamW,
-    full_step,
-    gradient_accumulators,
-)
+from roam_cli.frontend.optimizer_graph import SGD, AdamW, full_step, gradient_accumulators
 from roam_cli.frontend.providers import TRAINING_OPS
 from roam_cli.frontend.synthetic import synthetic_feeds
 from roam_cli.verify import verify

@@ -12,10 +12,10 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import ORT131, SAMPLE, needs_ort_training, roam
 from onnx import TensorProto, helper, numpy_helper
-from onnx_builder import fed_in_float32
 
+from conftest import ORT131, SAMPLE, needs_ort_training, roam
+from onnx_builder import fed_in_float32
 from roam_cli.core.errors import RoamError
 from roam_cli.lower import lower_model, nonstandard_nodes
 

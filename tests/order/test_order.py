@@ -17,19 +17,10 @@ from roam_cli import order, pipeline
 from roam_cli.core import memory
 from roam_cli.frontend.onnx_import import import_model
 from roam_cli.frontend.providers import TRAINING_OPS
-from roam_cli.order import bounds, ideals, tails
-from roam_cli.order import ort as ort_mod
-from roam_cli.order import roam as roam_mod
+from roam_cli.order import bounds, ideals, ort as ort_mod, roam as roam_mod, tails
 from roam_cli.order.greedy import dfs_schedule, list_schedule
 from roam_cli.order.ort import installed_training_build, ort_default
-from roam_cli.order.problem import (
-    Buffer,
-    Problem,
-    from_memory_model,
-    is_topological,
-    peak,
-    reachability,
-)
+from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak, reachability
 
 
 def shape_graph():

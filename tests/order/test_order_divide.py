@@ -4,17 +4,8 @@ identical blocks share one canonical form."""
 import random
 
 from order_cases import cases, topological_orders
-
 from roam_cli.order import blocks, divide, rules
-from roam_cli.order.problem import (
-    Buffer,
-    Problem,
-    from_memory_model,
-    is_topological,
-    kahn,
-    peak,
-    profile,
-)
+from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, kahn, peak, profile
 
 CASES = cases(60, seed=5)
 

@@ -5,13 +5,7 @@ import random
 import time
 
 import pytest
-from order_cases import (
-    brute_force,
-    cases,
-    count_orders,
-    random_problem,
-    topological_orders,
-)
+from order_cases import brute_force, cases, count_orders, random_problem, topological_orders
 
 from roam_cli import order
 from roam_cli.core import memory

@@ -8,13 +8,7 @@ from roam_cli.core import memory
 from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.order import rules
 from roam_cli.order.greedy import list_schedule
-from roam_cli.order.problem import (
-    Buffer,
-    Problem,
-    from_memory_model,
-    is_topological,
-    peak,
-)
+from roam_cli.order.problem import Buffer, Problem, from_memory_model, is_topological, peak
 
 CASES = cases(120, seed=99)
 KB = 1024

@@ -8,14 +8,7 @@ from conftest import ROOT, needs_ort_training, roam
 from roam_cli.core.graph import Graph, Node, Value
 from roam_cli.core.memory import RECOMPUTE_KEY
 from roam_cli.pipeline import workspace_buffers
-from roam_cli.runtime.allocator import (
-    PlannedTensor,
-    fit_around,
-    match,
-    node_at,
-    settle,
-    within_node,
-)
+from roam_cli.runtime.allocator import PlannedTensor, fit_around, match, node_at, settle, within_node
 
 
 def tensor(name, node, size, offset, workspace=False):

@@ -7,15 +7,7 @@ from click.testing import CliRunner
 from conftest import roam
 
 from roam_cli.cli import cli
-from roam_cli.outputs.report import (
-    arena_floor,
-    live_curve,
-    order_bound,
-    order_bound_line,
-    render_markdown,
-    strategy_rows,
-    summarize,
-)
+from roam_cli.outputs.report import arena_floor, live_curve, order_bound, order_bound_line, render_markdown, strategy_rows, summarize
 
 
 def test_live_curve_counts_first_and_last_steps_inclusive():

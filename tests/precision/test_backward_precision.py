@@ -58,21 +58,19 @@ import math
 import numpy as np
 import onnx
 import pytest
-from backward_check import finite_differences, forward_model, session
 from onnx import TensorProto, helper
 from onnx.reference import ReferenceEvaluator
 from onnx.reference.op_run import OpRun
 from onnx.reference.ops.op_conv_transpose import ConvTranspose as OnnxConvTranspose
 from onnx.reference.ops.op_erf import Erf as OnnxErf
-from onnx_builder import fed_in_float32
-from onnxruntime.capi.onnxruntime_pybind11_state import (
-    NotImplemented as OrtNotImplemented,
-)
-from test_backward import CASES, LINEAR_CASES, n
+from onnxruntime.capi.onnxruntime_pybind11_state import NotImplemented as OrtNotImplemented
 
+from backward_check import finite_differences, forward_model, session
+from onnx_builder import fed_in_float32
 from roam_cli.backward.graph import gradient_model
 from roam_cli.lower import lower_model, nonstandard_nodes
 from roam_cli.precision.emulate import emulate
+from test_backward import CASES, LINEAR_CASES, n
 
 OPSET = 20
 LOW = {"bf16": TensorProto.BFLOAT16, "fp16": TensorProto.FLOAT16}

@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-from conftest import roam
+from onnxruntime.capi import _pybind_state
 from onnx import TensorProto, numpy_helper
 from onnx_builder import model, node, save
-from onnxruntime.capi import _pybind_state
 
+from conftest import roam
 from roam_cli.core.errors import RoamError
 from roam_cli.frontend.optimizer_graph import GROWTH_TRACKER, LOSS_SCALE, STEP
 from roam_cli.precision import masters

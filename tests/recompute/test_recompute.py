@@ -16,14 +16,12 @@ import onnx
 import onnxruntime as ort
 import pytest
 from conftest import SAMPLE, needs_ort_training, roam
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 from onnx import TensorProto
 from onnx_builder import model, node, save
 
 from roam_cli import recompute
-from roam_cli.core import memory
-from roam_cli.core import plan as plan_io
+from roam_cli.core import memory, plan as plan_io
 from roam_cli.frontend.onnx_import import import_model
 from roam_cli.recompute import flops, ops, rewrite
 from roam_cli.verify import Violation, check_recompute

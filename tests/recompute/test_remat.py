@@ -7,8 +7,7 @@ import random
 
 import pytest
 
-from roam_cli.remat import graph as graph_mod
-from roam_cli.remat import solve as solve_mod
+from roam_cli.remat import graph as graph_mod, solve as solve_mod
 from roam_cli.remat.check import check
 from tests.conftest import roam
 

@@ -14,8 +14,8 @@ from onnx_builder import model, node, save
 
 from roam_cli import pair
 from roam_cli.core.errors import CheckFailed, RoamError
-from roam_cli.frontend.onnx_import import import_model
 from roam_cli.frontend.providers import RUNTIME, TRAINING_OPS
+from roam_cli.frontend.onnx_import import import_model
 from roam_cli.runtime.execute import (
     difference,
     execute_graph,
