@@ -316,10 +316,26 @@ def runner_for(model: onnx.ModelProto):
     except Exception:  # noqa: BLE001 - a float64 kernel the CPU provider lacks (NOT_IMPLEMENTED)
         from onnx.reference import ReferenceEvaluator
 
-        evaluator = ReferenceEvaluator(model)
+        evaluator = ReferenceEvaluator(model, new_ops=[gather_elements()])
         names = set(evaluator.input_names)
         return (lambda feeds: evaluator.run(None, {k: v for k, v in feeds.items() if k in names})), \
             "onnx's reference evaluator (ONNX Runtime lacks a float64 kernel)"
+
+
+def gather_elements():
+    """GatherElements as ONNX states it, for the reference evaluator: indices may be shorter than the
+    data on the other axes (torch.gather's; DeBERTa's relative attention), where onnx's own
+    implementation wants them equal; negative indices count from the end."""
+    from onnx.reference.op_run import OpRun
+
+    class GatherElements(OpRun):
+        def _run(self, data, indices, axis=None):
+            axis = (axis or 0) % data.ndim
+            window = tuple(slice(None) if d == axis else slice(0, n) for d, n in enumerate(indices.shape))
+            indices = np.where(indices < 0, indices + data.shape[axis], indices)
+            return (np.take_along_axis(data[window], indices, axis),)
+
+    return GatherElements
 
 
 def ridders(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray,

@@ -113,3 +113,19 @@ def test_inputs_of_another_model_or_a_graph_without_gradients_are_refused(tmp_pa
     r = roam("gradcheck", tmp_path / "forward.onnx")
     assert r.code == 2 and "computes no gradient" in r.err, r.err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["batch.npz", "forward.onnx", "train.onnx"]  # nothing written
+
+
+def test_the_float64_run_gathers_elements_with_indices_shorter_than_the_data():
+    """GatherElements whose indices are shorter than the data on the other axis (torch.gather's
+    form, DeBERTa's): the reference evaluator, which runs the float64 graphs ONNX Runtime cannot,
+    gathers it as ONNX states it (it stopped with an internal error), negative indices included."""
+    from onnx.reference import ReferenceEvaluator
+
+    from roam_cli.gradcheck import gather_elements
+
+    m = model([node("GatherElements", ["data", "index"], ["y"], axis=1)], [("data", [3, 4]), ("index", [2, 2])],
+              [("y", [2, 2])])
+    data = np.arange(12, dtype=np.float64).reshape(3, 4)  # rows [0 1 2 3], [4 5 6 7], [8 9 10 11]
+    index = np.array([[3, 0], [-1, 1]], np.int64)
+    (y,) = ReferenceEvaluator(m, new_ops=[gather_elements()]).run(None, {"data": data, "index": index})
+    assert y.tolist() == [[3.0, 0.0], [7.0, 5.0]]
