@@ -18,6 +18,7 @@ cannot run is run by onnx's reference evaluator instead (slower, exact arithmeti
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -316,17 +317,33 @@ def runner_for(model: onnx.ModelProto):
     except Exception:  # noqa: BLE001 - a float64 kernel the CPU provider lacks (NOT_IMPLEMENTED)
         from onnx.reference import ReferenceEvaluator
 
-        evaluator = ReferenceEvaluator(model, new_ops=[gather_elements()])
+        evaluator = ReferenceEvaluator(model, new_ops=reference_ops())
         names = set(evaluator.input_names)
         return (lambda feeds: evaluator.run(None, {k: v for k, v in feeds.items() if k in names})), \
             "onnx's reference evaluator (ONNX Runtime lacks a float64 kernel)"
 
 
-def gather_elements():
-    """GatherElements as ONNX states it, for the reference evaluator: indices may be shorter than the
-    data on the other axes (torch.gather's; DeBERTa's relative attention), where onnx's own
-    implementation wants them equal; negative indices count from the end."""
+def reference_ops() -> list:
+    """The reference evaluator's kernels that the float64 run replaces: onnx's own Erf (and Gelu,
+    through it) rounds every value to float32 (the differences then carry float32's noise: the
+    models with GELU failed the check),
+    and its GatherElements wants indices as long as the data on the other axes, where ONNX (and
+    torch.gather, DeBERTa's relative attention) lets them be shorter; negative indices count from
+    the end."""
     from onnx.reference.op_run import OpRun
+
+    def erf(x):
+        return np.vectorize(math.erf, otypes=[x.dtype])(x)
+
+    class Erf(OpRun):
+        def _run(self, x):
+            return (erf(x),)
+
+    class Gelu(OpRun):  # (onnx's is its function body, whose Erf is onnx's own)
+        def _run(self, x, approximate="none"):
+            if approximate == "tanh":
+                return (0.5 * x * (1 + np.tanh(math.sqrt(2 / math.pi) * (x + 0.044715 * x**3))),)
+            return (0.5 * x * (1 + erf(x / math.sqrt(2))),)
 
     class GatherElements(OpRun):
         def _run(self, data, indices, axis=None):
@@ -335,7 +352,7 @@ def gather_elements():
             indices = np.where(indices < 0, indices + data.shape[axis], indices)
             return (np.take_along_axis(data[window], indices, axis),)
 
-    return GatherElements
+    return [Erf, Gelu, GatherElements]
 
 
 def ridders(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray,
