@@ -47,13 +47,15 @@ def main(argv: list[str]) -> list[dict]:
                     help="exporters_corpus's --out folder (default: benchmarks/.cache/exporters_corpus)")
     ap.add_argument("--exporters", default="dynamo-optimize-false",
                     help="comma-separated: the cells of these exporters (default dynamo-optimize-false)")
+    ap.add_argument("--only", help="comma-separated models (default: every cell)")
     args = ap.parse_args(argv)
     harness.needs(args.corpus, "python -m benchmarks run exporters/exporters_corpus (its cells' graphs)")
     exporters = args.exporters.split(",")
     rows = []
     for cell in sorted(args.corpus.iterdir()):
         if (cell / "train.onnx").is_file() and (cell / "result.json").is_file() \
-                and json.loads((cell / "result.json").read_text())["exporter"] in exporters:
+                and json.loads((cell / "result.json").read_text())["exporter"] in exporters \
+                and (not args.only or json.loads((cell / "result.json").read_text())["model"] in args.only.split(",")):
             rows.append(check(cell))
             print(f"{cell.name}: {rows[-1].get('error') or ('pass' if rows[-1]['passed'] else 'exit 1')}",
                   file=sys.stderr, flush=True)
