@@ -10,7 +10,9 @@ export route and adds 20 in-graph AdamW steps against torch.optim.AdamW."""
 
 TITLE = "Training what users export: roam's backward against PyTorch autograd"
 # The records whose tables open the area's section (and what `python -m benchmarks run exporters` runs).
-HEADLINES = [("exporters/exporters_corpus", []), ("exporters/autograd_check", [])]
+HEADLINES = [("exporters/exporters_corpus", []), ("exporters/autograd_check", []),
+             ("exporters/gradcheck_corpus.transformers",
+              ["--only", "bert,distilbert,roberta,electra,gpt2,gpt-neo,deberta-v2,albert,llama-gqa,vit"])]
 DETAILS = "docs/benchmarks/exporters.md"
 
 
