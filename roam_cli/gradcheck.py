@@ -186,7 +186,8 @@ def starting_values(graph, model: onnx.ModelProto, path: Path, parameters: list[
                     seed: int) -> tuple[dict[str, np.ndarray], list[str]]:
     """A value for every graph input and every parameter: `given`, else the model's own initializer,
     else the export the step was made from (a step of roam's), else drawn at random (small normal
-    floats, zero integers: a valid index and label). Returns (values, the names drawn)."""
+    floats, zero integers: a valid index and label; ones for an integer mask). Returns (values, the
+    names drawn)."""
     inits = {t.name: t for t in model.graph.initializer}
     values = {p: numpy_helper.to_array(inits[p]) for p in parameters if p in inits} | dict(given)
     wanted = [x for x in graph.inputs if x not in values]
@@ -201,7 +202,14 @@ def starting_values(graph, model: onnx.ModelProto, path: Path, parameters: list[
         if name in values and values[name].dtype != dtype:
             values[name] = values[name].astype(dtype)
     drawn = [(name, dtype, shape) for name, dtype, shape in specs if name not in values]
-    return values | synthesize(drawn, seed), [name for name, _, _ in drawn]
+    made = synthesize(drawn, seed)
+    # a padding mask drawn as zeros masks every position: the attention's scores are then swamped by
+    # the mask's most negative float, the loss does not move with them, and no difference can see
+    # the gradient the rules give them (GPT-2's and GPT-Neo's false alarms): masks attend everywhere
+    for name, dtype, _ in drawn:
+        if "mask" in name.lower() and np.dtype(dtype).kind in "iub":
+            made[name] = np.ones_like(made[name])
+    return values | made, [name for name, _, _ in drawn]
 
 
 def as_inputs(model: onnx.ModelProto, parameters) -> onnx.ModelProto:

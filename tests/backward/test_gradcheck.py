@@ -149,3 +149,25 @@ def test_the_float64_run_computes_erf_and_gelu_in_float64():
     assert e.dtype == np.float64 and e.tolist() == [math.erf(0.3), math.erf(-1.7)]
     assert g.tolist() == [0.5 * v * (1 + math.erf(v / math.sqrt(2))) for v in x]
     assert t.tolist() == [0.5 * v * (1 + math.tanh(math.sqrt(2 / math.pi) * (v + 0.044715 * v**3))) for v in x]
+
+
+def test_a_drawn_padding_mask_attends_everywhere(tmp_path):
+    """A padding mask drawn as zeros masks every score: each is swamped by the mask's most negative
+    float, the loss does not move with the scores, and the differences said the rules were wrong
+    (GPT-2's false alarm). Drawn, an integer input named like a mask is all ones."""
+    rng = np.random.default_rng(0)
+    nodes = [node("MatMul", ["x", "w.weight"], ["scores"]), node("Cast", ["attention_mask"], ["m"], to=TensorProto.FLOAT),
+             node("Sub", ["one", "m"], ["masked"]), node("Mul", ["masked", "lowest"], ["bias"]),
+             node("Add", ["scores", "bias"], ["s"]), node("Softmax", ["s"], ["p"], axis=-1),
+             node("Mul", ["p", "c"], ["pc"]), node("ReduceSum", ["pc"], ["loss"], keepdims=0)]
+    inits = {"w.weight": rng.standard_normal([4, 4]).astype(np.float32), "one": np.array(1, np.float32),
+             "lowest": np.array(np.finfo(np.float32).min, np.float32), "c": rng.standard_normal([2, 4]).astype(np.float32)}
+    forward = model(nodes, [("x", [2, 4]), ("attention_mask", [1, 4], TensorProto.INT64)], [("loss", [])],
+                    initializers=inits)
+    step = training(tmp_path, forward)
+    drawn = roam("gradcheck", step, "--json")
+    assert drawn.code == 0, drawn.err
+    assert drawn.json()["synthesised"] == ["x", "attention_mask"]
+    zeros = tmp_path / "zeros.npz"
+    np.savez(zeros, attention_mask=np.zeros([1, 4], np.int64))
+    assert roam("gradcheck", step, "--inputs", zeros).code == 1  # given: as given
