@@ -12,7 +12,8 @@ TITLE = "Training what users export: roam's backward against PyTorch autograd"
 # The records whose tables open the area's section (and what `python -m benchmarks run exporters` runs).
 HEADLINES = [("exporters/exporters_corpus", []), ("exporters/autograd_check", []),
              ("exporters/gradcheck_corpus.transformers",
-              ["--only", "bert,distilbert,roberta,electra,gpt2,gpt-neo,deberta-v2,albert,llama-gqa,vit"])]
+              ["--only", "gpt2,gpt-neo,gpt-neox,opt,bloom,llama-gqa,mistral,qwen2,qwen3,phi3,gemma,falcon,bert,roberta,"
+                         "distilbert,albert,electra,deberta-v2,vit,deit,swin,segformer"])]
 DETAILS = "docs/benchmarks/exporters.md"
 
 
