@@ -202,14 +202,7 @@ def starting_values(graph, model: onnx.ModelProto, path: Path, parameters: list[
         if name in values and values[name].dtype != dtype:
             values[name] = values[name].astype(dtype)
     drawn = [(name, dtype, shape) for name, dtype, shape in specs if name not in values]
-    made = synthesize(drawn, seed)
-    # a padding mask drawn as zeros masks every position: the attention's scores are then swamped by
-    # the mask's most negative float, the loss does not move with them, and no difference can see
-    # the gradient the rules give them (GPT-2's and GPT-Neo's false alarms): masks attend everywhere
-    for name, dtype, _ in drawn:
-        if "mask" in name.lower() and np.dtype(dtype).kind in "iub":
-            made[name] = np.ones_like(made[name])
-    return values | made, [name for name, _, _ in drawn]
+    return values | synthesize(drawn, seed), [name for name, _, _ in drawn]
 
 
 def as_inputs(model: onnx.ModelProto, parameters) -> onnx.ModelProto:

@@ -23,12 +23,14 @@ def synthetic_feeds(session, seed: int = 0, dims: dict[str, int] | None = None) 
 
 def synthesize(specs, seed: int = 0) -> dict[str, np.ndarray]:
     """Small random floats and zero integers (zero is a valid index and a valid label), one array
-    per (name, numpy dtype, shape), drawn in the order given."""
+    per (name, numpy dtype, shape), drawn in the order given; an integer or boolean input named like
+    a mask is all ones: a padding mask of zeros masks every position, each attention score swamped
+    by the mask's most negative float, and the step trains (and differences see) no attention."""
     rng = np.random.default_rng(seed)
     feeds = {}
     for name, dtype, shape in specs:
         if np.issubdtype(dtype, np.floating):
             feeds[name] = (rng.standard_normal(shape) * 0.1).astype(dtype)
         else:
-            feeds[name] = np.zeros(shape, dtype=dtype)
+            feeds[name] = (np.ones if "mask" in name.lower() else np.zeros)(shape, dtype=dtype)
     return feeds

@@ -314,7 +314,7 @@ def execute_graph(imported: Imported, model_path: Path, plan: dict, device: str,
     specs = input_specs(graph)
     feeds, synthesised = make_feeds(specs, inputs_path, seed)
     if synthesised:
-        notes.append(f"{synthesised} of {len(specs)} inputs are synthetic (seed {seed}): random floats, zero integers")
+        notes.append(f"{synthesised} of {len(specs)} inputs are synthetic (seed {seed}): random floats, zero integers, masks of ones")
 
     t = time.perf_counter()
     say("plain run of the original model")
