@@ -13,7 +13,8 @@ TITLE = "Training what users export: roam's backward against PyTorch autograd"
 HEADLINES = [("exporters/exporters_corpus", []), ("exporters/autograd_check", []),
              ("exporters/gradcheck_corpus.transformers",
               ["--only", "gpt2,gpt-neo,gpt-neox,opt,bloom,llama-gqa,mistral,qwen2,qwen3,phi3,gemma,falcon,bert,roberta,"
-                         "distilbert,albert,electra,deberta-v2,vit,deit,swin,segformer"])]
+                         "distilbert,albert,electra,deberta-v2,vit,deit,swin,segformer"]),
+             ("exporters/gradcheck_corpus.convnets", ["--only", "convnext,resnet,mobilenet-v2,mobilenet-v2-default,efficientnet"])]
 DETAILS = "docs/benchmarks/exporters.md"
 
 
