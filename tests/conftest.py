@@ -15,8 +15,13 @@ from roam_cli.lower import lower_model
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # the benchmarks package: some tests build their inputs with it
 SAMPLE = ROOT / "sample_models" / "gpt2_tiny" / "training_model.onnx"
-ORT131 = Path("/work/venvs/ort131/bin/python")  # a separate environment with today's onnxruntime
 
+
+# The interpreter whose onnxruntime is today's (no training build): this one, else none (the
+# onnxruntime-training environment skips; CI's other environments run those tests).
+TODAYS_ONNXRUNTIME = None if TRAINING_OPS else sys.executable
+needs_todays_onnxruntime = pytest.mark.skipif(TODAYS_ONNXRUNTIME is None, reason=f"needs today's onnxruntime (no "
+                                              f"training build); this is {RUNTIME}")
 
 # The one marker for tests that run ORT's fused training ops: onnxruntime-training installed
 # (roam's own detection), else skipped with the reason.

@@ -10,7 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 from backward_check import check
-from conftest import ORT131, ROOT, SAMPLE, needs_ort_training, roam
+from conftest import ROOT, SAMPLE, TODAYS_ONNXRUNTIME, needs_ort_training, needs_todays_onnxruntime, roam
 from hypothesis import given, settings, strategies as st
 from onnx import TensorProto, helper, numpy_helper
 from onnx_builder import model, node, save
@@ -143,9 +143,9 @@ def test_fixture_full_step_is_standard_onnx_that_plans_verifies_and_trains(tmp_p
     assert len(losses) == 3 and all(np.isfinite(losses))  # Dropout is on: the loss need not go down each step
 
 
-@pytest.mark.skipif(not ORT131.exists(), reason=f"no environment with today's onnxruntime at {ORT131}")
+@needs_todays_onnxruntime
 def test_fixture_full_steps_run_on_todays_onnxruntime(tmp_path):
-    """The three full steps, built here, run two steps in onnxruntime 1.31 (no training build, no
+    """The three full steps, built here, run two steps in today's onnxruntime (no training build, no
     roam): finite losses, and the parameters moved."""
     paths = []
     for name, loss in [("tiny_gpt2", "none"), ("tiny_bert", "none"), ("tiny_resnet", "cross-entropy")]:
@@ -175,7 +175,7 @@ for path in sys.argv[1:]:
     moved = sum(not np.array_equal(before[state], feeds[state]) for state in before)
     print(losses[0], losses[1], moved, len(before))
 """
-    proc = subprocess.run([str(ORT131), "-c", script, *paths], capture_output=True, text=True, check=False)
+    proc = subprocess.run([TODAYS_ONNXRUNTIME, "-c", script, *paths], capture_output=True, text=True, check=False)
     assert proc.returncode == 0, proc.stderr[-2000:]
     for line in proc.stdout.split("\n")[:3]:
         first, second, moved, states = map(float, line.split())

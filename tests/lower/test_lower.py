@@ -2,11 +2,9 @@
 run side by side in onnxruntime-training on random shapes; the lowered sample graph; `roam lower`."""
 
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
-import sys
 
 import numpy as np
 import onnx
@@ -14,7 +12,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from conftest import ORT131, SAMPLE, needs_ort_training, roam
+from conftest import SAMPLE, TODAYS_ONNXRUNTIME, needs_ort_training, needs_todays_onnxruntime, roam
 from onnx_builder import fed_in_float32
 from roam_cli.core.errors import RoamError
 from roam_cli.lower import lower_model, nonstandard_nodes
@@ -439,14 +437,7 @@ def test_lowered_sample_computes_what_the_fused_one_does(reset):
         np.testing.assert_allclose(got[name], want[name], rtol=1e-5, atol=1e-6, err_msg=name)
 
 
-def todays_onnxruntime() -> str | None:
-    """A Python whose onnxruntime is today's (no training ops): this one, else ORT131 if present."""
-    if importlib.util.find_spec("onnxruntime.training") is None:
-        return sys.executable
-    return str(ORT131) if ORT131.exists() else None
-
-
-@pytest.mark.skipif(todays_onnxruntime() is None, reason=f"no environment with today's onnxruntime ({ORT131})")
+@needs_todays_onnxruntime
 def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
     lowered = tmp_path / "lowered.onnx"
     assert roam("lower", SAMPLE, "-o", lowered).code == 0
@@ -459,13 +450,13 @@ def test_lowered_sample_runs_on_todays_onnxruntime(tmp_path):
         "    feeds[i.name] = np.full(i.shape, 0.01 if t is np.float32 else 0, t)\n"
         "out = s.run(None, feeds)\n"
         "print(ort.__version__, len(out), float(out[0]))\n")
-    proc = subprocess.run([todays_onnxruntime(), "-c", script, str(lowered)], capture_output=True, text=True)
+    proc = subprocess.run([TODAYS_ONNXRUNTIME, "-c", script, str(lowered)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     version, outputs, loss = proc.stdout.split()
     assert version.startswith("1.") and int(outputs) == 57 and np.isfinite(float(loss))
 
 
-@pytest.mark.skipif(todays_onnxruntime() is None, reason=f"no environment with today's onnxruntime ({ORT131})")
+@needs_todays_onnxruntime
 def test_the_sample_full_step_has_only_ops_todays_onnxruntime_has_kernels_for(tmp_path):
     """A function op without a kernel (CastLike, the losses) would run expanded, as unnamed nodes
     outside the plan's order."""
@@ -483,7 +474,7 @@ def test_the_sample_full_step_has_only_ops_todays_onnxruntime_has_kernels_for(tm
         "            yield from (x for sub in ([a.g] if a.HasField('g') else []) + list(a.graphs) for x in nodes(sub))\n"
         "m = onnx.load(sys.argv[1], load_external_data=False)\n"
         "print(sorted({n.op_type for n in nodes(m.graph) if (n.domain or 'ai.onnx', n.op_type) not in kernels}))\n")
-    proc = subprocess.run([todays_onnxruntime(), "-c", script, str(step)], capture_output=True, text=True)
+    proc = subprocess.run([TODAYS_ONNXRUNTIME, "-c", script, str(step)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip() == "[]"
 
