@@ -68,11 +68,13 @@ def commit() -> str | None:
 
 
 class Measured:
-    """Wall and CPU seconds (this process and the children it waited for) and peak RSS of a block."""
+    """Wall and CPU seconds (this process and the children it waited for) and peak RSS of a block, and
+    the machine's load when it began (the timings of a shared machine depend on it)."""
 
     def __enter__(self):
         self.wall = time.perf_counter()
         self.cpu = cpu_seconds()
+        self.load = round(os.getloadavg()[0], 2)
         return self
 
     def __exit__(self, *exc):
@@ -93,7 +95,7 @@ def record(name: str, argv: list[str], results, cost: Measured) -> dict:
     command = " ".join(["python -m benchmarks run", name, *argv])
     return {"benchmark": name, "command": command, "date": datetime.date.today().isoformat(),
             "machine": machine(), "commit": commit(), "wall_s": cost.wall_s, "cpu_s": cost.cpu_s,
-            "peak_rss_mib": cost.peak_rss_mib, "results": results}
+            "peak_rss_mib": cost.peak_rss_mib, "load_at_start": cost.load, "results": results}
 
 
 def results_path(name: str) -> Path:
