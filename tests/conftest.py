@@ -1,6 +1,8 @@
+import contextlib
 import json
 import multiprocessing
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -62,11 +64,15 @@ def roam(*args, cwd=None) -> Run:
                                                      {**os.environ, "COLUMNS": "200"}, str(out), str(err)))
         child.start()
         child.join()
+        with contextlib.suppress(ProcessLookupError):  # what it started and left behind, as a user's shell would
+            os.killpg(child.pid, signal.SIGKILL)
         return Run(subprocess.CompletedProcess(args, child.exitcode, out.read_text(), err.read_text()))
 
 
 def run_cli(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
-    """`python -m roam_cli ARGS` in this (forked) process, its streams into the files `out` and `err`."""
+    """`python -m roam_cli ARGS` in this (forked) process, its streams into the files `out` and `err`;
+    a process group of its own, as a command a shell starts."""
+    os.setpgid(0, 0)
     os.chdir(cwd)
     os.environ.clear()
     os.environ.update(env)
@@ -91,6 +97,8 @@ def run_cli(args: list[str], cwd: str, env: dict, out: str, err: str) -> None:
 # Runtime session, no thread but the interpreter's). Not roam_cli.cli itself: it sizes its console
 # by the stdout it finds, which is the fork's.
 FORKS = multiprocessing.get_context("forkserver")
+
+
 FORKS.set_forkserver_preload(["click", "rich.console", "rich.table", "onnx", "onnxruntime", "numpy", "roam_cli.pipeline",
                               "roam_cli.outputs.report", "roam_cli.verify", "roam_cli.runtime.train"])
 
