@@ -147,6 +147,11 @@ def mib(n: float | None, digits: int = 0) -> str:
     return "–" if n is None else f"{n / MIB:,.{digits}f}"
 
 
+def signed_percent(share: float, digits: int = 1) -> str:
+    """A change as the pages write it, with a real minus sign: −35.1 %, +1.9 %."""
+    return f"{100 * share:+.{digits}f} %".replace("-", "−")
+
+
 def gib(n: float | None, digits: int = 2) -> str:
     return "–" if n is None else f"{n / 2**30:,.{digits}f}"
 

@@ -9,6 +9,8 @@ with an overflow injected into fp16's loss scale. The AMP corpus checks gradient
 and makes, plans, verifies and trains the step of every export of the exporter corpus. This
 machine runs torch's CPU autocast, whose op lists differ from CUDA's (docs/precision.md)."""
 
+from benchmarks import harness
+
 TITLE = "Mixed precision: AMP steps against PyTorch AMP"
 # The records whose tables open the area's section (and what `python -m benchmarks run precision` runs).
 HEADLINES = [("precision/amp_memory", []), ("precision/amp_curves", [])]
@@ -25,9 +27,9 @@ def readme_rows(load) -> list[dict]:
     r = memory.get(("gpt2_small", "bf16"))
     if r and r["pytorch"]:
         theirs = r["pytorch"]["transient"]
-        off, free = (f"{(r['transient'][m] - theirs) / theirs * 100:+.1f}".replace("-", "−") for m in ("off", "free"))
+        off, free = (harness.signed_percent((r['transient'][m] - theirs) / theirs) for m in ("off", "free"))
         rows.append({"against": "PyTorch AMP eager (bf16 autocast)", "workload": "GPT-2 small bf16 step, 4 × 256",
-                     "figure": f"{off} % transient memory; {free} % with --recompute free", "record": "precision/amp_memory"})
+                     "figure": f"{off} transient memory; {free} with --recompute free", "record": "precision/amp_memory"})
     try:
         curves = load("precision/amp_curves")
     except OSError:

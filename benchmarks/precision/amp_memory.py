@@ -131,7 +131,7 @@ def table(rows: list[dict]) -> str:
         return harness.mib(n, 1)
 
     def against(ours: int, theirs: int | None) -> str:
-        return "–" if not theirs else f"{(ours - theirs) / theirs * 100:+.1f} %".replace("-", "−")
+        return "–" if not theirs else harness.signed_percent((ours - theirs) / theirs)
 
     out = []
     for r in rows:

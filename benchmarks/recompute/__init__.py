@@ -8,6 +8,8 @@ memory. `roam tradeoff`'s memory / extra-FLOPs front stands beside torch.compile
 0.8 and 0.9 of the given order's peak. Every roam plan is checked by `roam verify` (schedules by
 `roam remat --check`) as its own command."""
 
+from benchmarks import harness
+
 TITLE = "Recomputation against PyTorch, torch.compile and Moccasin"
 HEADLINES = [("recompute/recompute", []), ("recompute/remat_peers", [])]
 DETAILS = "docs/benchmarks/recompute.md"
@@ -21,7 +23,7 @@ def readme_rows(load) -> list[dict]:
     if step is not None and "arena_bytes" in step["free"]:
         free, eager = step["free"]["arena_bytes"], step["pytorch_eager_bytes"]
         rows.append({"against": "PyTorch eager", "workload": f"GPT-2 small full step ({step['size']})",
-                     "figure": f"{minus(free / eager - 1)} transient memory ({free / 2**20:,.0f} against "
+                     "figure": f"{harness.signed_percent(free / eager - 1)} transient memory ({free / 2**20:,.0f} against "
                                f"{eager / 2**20:,.0f} MiB) at {100 * step['free']['extra_flops'] / step['free']['step_flops']:.2f} % "
                                "extra FLOPs", "record": "recompute/recompute"})
         budget, ckpt = step.get("budget", {}), step["pytorch_checkpointing_bytes"]
@@ -45,7 +47,3 @@ def readme_rows(load) -> list[dict]:
                  "record": "recompute/remat_peers"})
     return rows
 
-
-def minus(x: float) -> str:
-    """A share as the README writes it: −35.1 %."""
-    return f"{100 * x:+.1f} %".replace("-", "−")

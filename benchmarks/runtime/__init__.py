@@ -8,6 +8,8 @@ times are medians of both sessions stepped in turn. Lowering (`roam lower`: the 
 standard ONNX) is measured on the suite's graphs: both forms planned with the same options (arena
 bytes), and run on the same random inputs (largest relative difference, another onnxruntime runs it)."""
 
+from benchmarks import harness
+
 TITLE = "Running the plan on ONNX Runtime, and lowering"
 _SUITE = "benchmarks/.cache/suite"
 HEADLINES = [
@@ -28,8 +30,8 @@ def readme_rows(load) -> list[dict]:
     worst = max(x["ratio"] for x in lowered)
     return [{"against": "ONNX Runtime's own arena (BFC, default)",
              "workload": "GPT-2 small full step 4 × 256 (standard ONNX)",
-             "figure": f"{100 * (roam / ort - 1):+.1f} % memory besides weights and optimizer state".replace("-", "−"),
+             "figure": f"{harness.signed_percent(roam / ort - 1)} memory besides weights and optimizer state",
              "record": "runtime/allocator"},
             {"against": "ONNX Runtime's fused training ops",
              "workload": f"the suite's {len(lowered)} training graphs and full steps, lowered to standard ONNX",
-             "figure": f"{100 * (worst - 1):+.1f} % arena at most".replace("-", "−"), "record": "runtime/lower"}]
+             "figure": f"{harness.signed_percent(worst - 1)} arena at most", "record": "runtime/lower"}]

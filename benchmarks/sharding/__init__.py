@@ -8,6 +8,8 @@ FSDP2 default's peak, each verified. Memory: roam's persistent bytes plus its ar
 tracker's peak; communication: the bytes a rank sends per step, and the exposed time estimated by
 the same ring formula on the same device profile (NVLink at 8 ranks, InfiniBand at 64)."""
 
+from benchmarks import harness
+
 TITLE = "Sharding: rank steps against PyTorch FSDP2"
 HEADLINES = [("sharding/fsdp2_compare", [])]
 DETAILS = "docs/benchmarks/sharding.md"
@@ -27,8 +29,8 @@ def readme_rows(load) -> list[dict]:
     free, budget = r["roam"]["free"], r["roam"]["budget"]
     assert budget["per_rank_bytes"] <= peak
     return [{"against": "PyTorch FSDP2 (default policy)", "workload": _WORKLOAD,
-             "figure": f"{100 * (free['per_rank_bytes'] / peak - 1):+.1f} % memory per rank".replace("-", "−"),
+             "figure": f"{harness.signed_percent(free['per_rank_bytes'] / peak - 1)} memory per rank",
              "record": "sharding/fsdp2_compare"},
             {"against": "PyTorch FSDP2 (default policy)", "workload": _WORKLOAD + ", at FSDP2's memory per rank",
-             "figure": f"{100 * (budget['communication']['sent_bytes'] / sent - 1):+.1f} % bytes sent per rank"
-                       .replace("-", "−"), "record": "sharding/fsdp2_compare"}]
+             "figure": f"{harness.signed_percent(budget['communication']['sent_bytes'] / sent - 1)} bytes sent per rank",
+             "record": "sharding/fsdp2_compare"}]

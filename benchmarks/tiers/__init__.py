@@ -7,6 +7,8 @@ save_on_cpu, ZeRO-Offload, every persistent byte on the host, recompute only), e
 by roam; and `roam optimize --offload host --budget` at two budgets. Step times are
 estimates from a device profile's figures (`docs/cost.md`), not measurements."""
 
+from benchmarks import harness
+
 TITLE = "Memory tiers: offload, paging, and POET's problems"
 HEADLINES = [("tiers/poet_peers", []), ("tiers/offload", ["--points", "3"])]
 DETAILS = "docs/benchmarks/tiers.md"
@@ -28,7 +30,7 @@ def readme_rows(load) -> list[dict]:
                              f"{poet['time_limit']:g} s each",
                  "figure": f"a valid schedule on {roam_valid} of the {len(has_one)} that have one (POET: "
                            f"{sum(valid(r['poet']) for r in has_one)}); energy at most POET's on {at_most} of those "
-                           f"{len(both)} (down to {100 * min(ratios):+.2f} %)".replace("-", "−"),
+                           f"{len(both)} (down to {harness.signed_percent(min(ratios), 2)})",
                  "record": "tiers/poet_peers"})
     fronts = {k: f for k, f in load("tiers/offload")["fronts"].items() if "error" not in f}
     beaten, zero = 0, []
