@@ -26,6 +26,8 @@ import time
 import warnings
 from pathlib import Path
 
+from roam_cli.core.fileio import write_atomic
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks" / "results"
 # What benchmarks build for themselves (exported suites, corpora): inside the repository, ignored by git.
@@ -104,9 +106,7 @@ def results_path(name: str) -> Path:
 
 def save(path: Path, content: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(content, indent=1) + "\n")
-    tmp.replace(path)
+    write_atomic(path, json.dumps(content, indent=1) + "\n")
 
 
 def load(name: str) -> dict:

@@ -9,6 +9,7 @@ import importlib
 import re
 
 from benchmarks import AREAS, harness
+from roam_cli.core.fileio import write_all_atomic
 
 BENCHMARKS_MD = harness.ROOT / "BENCHMARKS.md"
 README = harness.ROOT / "README.md"
@@ -70,13 +71,7 @@ def readme_table() -> str:
 def write() -> None:
     text = INTRO + "\n" + "\n".join(f"- [{area(n).TITLE}](#{anchor(area(n).TITLE)})" for n in AREAS) + "\n\n"
     text += "\n".join(section(n) for n in AREAS)
-    write_text(BENCHMARKS_MD, text)
     readme = README.read_text()
     start, end = readme.index(README_START) + len(README_START), readme.index(README_END)
-    write_text(README, readme[:start] + "\n" + readme_table() + readme[end:])
-
-
-def write_text(path, text: str) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
+    # both pages or neither: the README's table and BENCHMARKS.md are written from the same records
+    write_all_atomic({BENCHMARKS_MD: text, README: readme[:start] + "\n" + readme_table() + readme[end:]})
