@@ -188,12 +188,13 @@ def test_cli_exits_0_with_a_valid_plan_when_cbc_fails(tmp_path, fault):
 # ---- Ctrl-C ----------------------------------------------------------------------------------
 
 def group(pgid: int) -> list[tuple[int, str]]:
-    """(pid, command line) of every process in process group `pgid`."""
+    """(pid, command line) of every process running in process group `pgid` (not one that has
+    ended and waits to be reaped: a zombie runs nothing, and init reaps it when it gets to it)."""
     found = []
     for pid in filter(str.isdigit, os.listdir("/proc")):
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-            if int(fields[2]) == pgid:
+            if int(fields[2]) == pgid and fields[0] != "Z":
                 found.append((int(pid), Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")))
         except (OSError, ValueError, IndexError):
             continue
