@@ -94,7 +94,22 @@ class Seconds(click.ParamType):
 
 
 SECONDS = Seconds()  # --time-limit, --timeout
-GAP = click.FloatRange(min=0, max=1)  # --gap: a fraction
+
+
+class Finite(click.FloatRange):
+    """A number in a range, never NaN or infinity (click's FloatRange lets both through: NaN compares
+    false with either bound)."""
+
+    def convert(self, value, param, ctx):
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value} is not a finite number", param, ctx)
+        return number
+
+
+GAP = Finite(min=0, max=1)  # --gap: a fraction
+FRACTION = Finite(min=0, min_open=True)  # --budget-fraction: of the given order's peak
+RATE = Finite(min=0)  # --learning-rate (AdamW refuses a negative one)
 
 
 BUDGET_HELP = "Memory the device has for this step, e.g. 16GiB: says whether the plan fits (exit 1 if not)."

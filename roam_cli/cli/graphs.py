@@ -188,10 +188,13 @@ def make_training_graph(obj, model, out_path, loss, requires_grad, frozen, train
         optimizer_path = out_path.with_name(out_path.name.removesuffix(".onnx") + ".optimizer.onnx")
     from roam_cli.backward import step
 
+    sizes = parse_pairs(dims, "--dim", True)
+    if empty := [name for name, size in sizes.items() if size == 0]:  # a step of no rows trains on nothing: a typo
+        raise RoamError(f"--dim {empty[0]}=0: a training step's dimensions are at least 1")
     made = training_graph.make(model, out_path, loss=loss, requires_grad=split_names(requires_grad) or None,
                                frozen=split_names(frozen), trainable=split_names(trainable), optimizer=optimizer,
                                in_graph=in_graph, optimizer_path=optimizer_path, checkpoint_path=checkpoint_path,
-                               dims=parse_pairs(dims, "--dim", True), backward=step.build if backend == "roam" else training_graph.build, fused=fused,
+                               dims=sizes, backward=step.build if backend == "roam" else training_graph.build, fused=fused,
                                allow_folded_batchnorm=allow_folded_batchnorm,
                                optimizer_settings=parse_pairs(optimizer_settings, "--optimizer-setting", False),
                                precision=precision, scaler_settings=parse_pairs(scaler_settings, "--grad-scaler", False))

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import click
 
-from roam_cli.cli import SECONDS, Progress, cli, out
+from roam_cli.cli import RATE, SECONDS, Progress, cli, out
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_outputs
@@ -63,7 +63,7 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
               help="ONNX Runtime execution provider.")
 @click.option("--allocator", type=click.Choice(["roam", "ort", "ort-same-as-requested"]), default="roam",
               show_default=True, help="roam: ORT's requests served from the plan's arena; ort: ORT's own arena.")
-@click.option("--learning-rate", default=1e-3, show_default=True, type=float,
+@click.option("--learning-rate", default=1e-3, show_default=True, type=RATE,
               help="The learning_rate input, when --inputs does not give it.")
 @click.option("--seed", default=0, show_default=True, type=int, help="Seed of synthetic inputs and of random ops.")
 @click.option("--compare", is_flag=True,
@@ -122,11 +122,9 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
 
-    from roam_cli.runtime.weights import source_export
-
     outputs = [p for p in (save_weights, save_model) if p is not None]
-    # the starting weights are read from --inputs, else from the export the step records
-    read = [p for p in (model, plan_path, inputs_path, source_export(model) if outputs else None) if p is not None]
+    # the starting weights are read from --inputs, else from the export the step records (an input too)
+    read = [p for p in (model, plan_path, inputs_path) if p is not None]
     check_outputs(outputs, read)
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])

@@ -7,7 +7,7 @@ from pathlib import Path
 import click
 
 from roam_cli import layout
-from roam_cli.cli import JOBS, SECONDS, ByteSize, cli, err, out
+from roam_cli.cli import FRACTION, JOBS, SECONDS, ByteSize, cli, err, out
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_path, write_atomic
 
@@ -17,7 +17,7 @@ from roam_cli.core.fileio import check_output_path, write_atomic
 @click.argument("schedule_in", metavar="[SCHEDULE.json]", required=False, type=click.Path(path_type=Path))
 @click.option("-o", "--output", "out_path", type=click.Path(path_type=Path), help="Schedule to write.")
 @click.option("--budget", type=ByteSize(), default=None, help="Peak memory the schedule must fit, e.g. 12GiB.")
-@click.option("--budget-fraction", type=click.FloatRange(min=0, min_open=True), default=None,
+@click.option("--budget-fraction", type=FRACTION, default=None,
               help="The budget as a fraction of the given order's peak, e.g. 0.8.")
 @click.option("--time-limit", type=SECONDS, default=60.0, show_default=True, help="Seconds the search may use.")
 @click.option("--check", is_flag=True, help="Validate SCHEDULE.json against GRAPH.json instead of solving.")
