@@ -1,6 +1,7 @@
 """Output safety: outputs never clobber inputs and are never left half-written; and JSON and
 .npz inputs read with one clear line for any unreadable file."""
 
+import contextlib
 import json
 import os
 import tempfile
@@ -43,6 +44,12 @@ def read_arrays(path: str | os.PathLike, option: str) -> dict:
     return arrays
 
 
+# A step's metadata key for where its parameters came from: the inference export (its path relative
+# to the step's folder) and what make-training-graph changed (frontend.recover). The step's weights
+# are that export's: as much the user's as the step itself.
+SOURCE_KEY = "roam.source"
+
+
 def external_data_files(model: onnx.ModelProto) -> set[str]:
     """The files, relative to the model's folder, that hold its initializers' external data."""
     return {kv.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
@@ -50,8 +57,9 @@ def external_data_files(model: onnx.ModelProto) -> set[str]:
 
 
 def with_data_files(path: str | os.PathLike) -> list[Path]:
-    """An ONNX model and the external-data files it names; any other file (or one onnx cannot
-    read) alone. A model's data is as much the user's as the model."""
+    """An ONNX model, the external-data files it names and, for a step roam made from an export, that
+    export and its data files (where the step's weights are read from); any other file (or one onnx
+    cannot read) alone. A model's data is as much the user's as the model."""
     path = Path(path)
     if path.suffix != ".onnx" or not path.is_file():
         return [path]
@@ -59,7 +67,13 @@ def with_data_files(path: str | os.PathLike) -> list[Path]:
         model = onnx.load_model(str(path), load_external_data=False)
     except Exception:  # not ONNX after all: the command reading it says so
         return [path]
-    return [path] + [path.parent / f for f in sorted(external_data_files(model))]
+    files = [path] + [path.parent / f for f in sorted(external_data_files(model))]
+    record = next((p.value for p in model.metadata_props if p.key == SOURCE_KEY), None)
+    with contextlib.suppress(ValueError, KeyError, TypeError):  # a record roam cannot read names no file
+        export = path.parent / json.loads(record)["model"]
+        if export.resolve() != path.resolve():
+            files += with_data_files(export)
+    return files
 
 
 def _umask() -> int:
@@ -93,8 +107,13 @@ def check_outputs(outputs: list[str | os.PathLike], inputs: list[str | os.PathLi
 
 def input_files(inputs: list[str | os.PathLike]) -> list[tuple[Path, str]]:
     """Every file the inputs are, with its name in words: each input, and each model's data files."""
-    return [(given, f"input {inp}" if given == Path(inp) else f"{given}, the external data of input {inp}")
-            for inp in inputs for given in with_data_files(inp)]
+    def what(given: Path, inp) -> str:
+        if given == Path(inp):
+            return f"input {inp}"
+        if given.suffix == ".onnx":
+            return f"{given}, the export input {inp} takes its weights from"
+        return f"{given}, the external data of input {inp}"
+    return [(given, what(given, inp)) for inp in inputs for given in with_data_files(inp)]
 
 
 def refuse_taken(out: Path, taken: list[tuple[Path, str]]) -> Path:

@@ -31,9 +31,6 @@ from onnx import helper, numpy_helper
 
 from roam_cli.frontend.parameters import LOW_FLOAT_TYPES, Found, fx_call, fx_target, through_identities
 
-# The training graph's metadata key for where its parameters came from: the inference export
-# (its path relative to the graph's folder) and what `recover` changed.
-SOURCE_KEY = "roam.source"
 LINEAR_SLOTS = {("MatMul", 1), ("Gemm", 1)}  # where a Linear's transposed weight is read
 TRANSPOSE = [1, 0]
 

@@ -23,6 +23,7 @@ import contextlib
 import dataclasses
 import fnmatch
 import json
+import math
 import os
 import re
 import tempfile
@@ -32,11 +33,12 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import TensorProto
+from onnx import TensorProto, helper
 
 from roam_cli.core.errors import RoamError, first_line
+from roam_cli.core.fileio import SOURCE_KEY
 from roam_cli.frontend.parameters import FLOAT_TYPES, Found, find
-from roam_cli.frontend.recover import SOURCE_KEY, added_values, recover
+from roam_cli.frontend.recover import added_values, recover
 from roam_cli.precision import LOW_TYPES, low_type, masters
 
 MAX_IR_VERSION = 10  # onnxruntime 1.19 loads IR <= 10
@@ -216,11 +218,18 @@ def embed_constants(model: onnx.ModelProto, names: list[str], base_dir: Path) ->
     wanted = set(names)
     for t in model.graph.initializer:
         if t.name in wanted and t.data_location == TensorProto.EXTERNAL:
-            try:
-                load_external_data_for_tensor(t, str(base_dir))
-            except (OSError, ValueError, onnx.checker.ValidationError):
+            location = base_dir / next((kv.value for kv in t.external_data if kv.key == "location"), "")
+            if not location.exists():
                 absent.append(t.name)
                 continue
+            try:
+                load_external_data_for_tensor(t, str(base_dir))
+                size = math.prod(t.dims) * helper.tensor_dtype_to_np_dtype(t.data_type).itemsize
+                if len(t.raw_data) != size:
+                    raise ValueError(f"{len(t.raw_data):,} bytes where its shape needs {size:,}")
+            except (OSError, ValueError, onnx.checker.ValidationError) as e:  # there, but not the model's data
+                raise RoamError(f"{location}: cannot read the constant {t.name!r} the model keeps there "
+                                f"({first_line(e)}): is the file truncated, or another model's?") from None
             t.data_location = TensorProto.DEFAULT
             del t.external_data[:]
     return absent

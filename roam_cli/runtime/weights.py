@@ -1,7 +1,7 @@
 """The weights in and out of `roam train`: the step starts from the inference export it was made
 from, and the trained parameters go back as PyTorch has them, or into that export.
 
-`make-training-graph` records in the step's metadata (`recover.SOURCE_KEY`) the export's path
+`make-training-graph` records in the step's metadata (`fileio.SOURCE_KEY`) the export's path
 (relative to the step's folder) and what it changed: constants the exporter derived from a
 parameter (`derived`: constant -> (parameter, perm), the constant being the parameter transposed
 by perm; a parameter the export holds only so is that constant transposed back), and ties
@@ -31,8 +31,8 @@ import onnx
 from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.core.fileio import write_all_atomic
-from roam_cli.frontend.recover import SOURCE_KEY, underived
+from roam_cli.core.fileio import SOURCE_KEY, write_all_atomic
+from roam_cli.frontend.recover import underived
 
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
                       "int8": "I8", "uint8": "U8", "bool": "BOOL"}
@@ -70,17 +70,6 @@ def source_of(model: onnx.ModelProto, folder: Path) -> Source | None:
         return None
     r = json.loads(record)
     return Source(folder / r["model"], {c: (p, perm) for c, (p, perm) in r["derived"].items()}, r["tied"])
-
-
-def source_export(model_path: Path) -> Path | None:
-    """The inference export the step at `model_path` records, or None (none recorded, or a file
-    onnx cannot read: the command reading it says so)."""
-    try:
-        model = onnx.load_model(str(model_path), load_external_data=False)
-    except Exception:  # onnx raises its own and protobuf's errors
-        return None
-    source = source_of(model, Path(model_path).resolve().parent)
-    return source.path if source else None
 
 
 def check_weights_path(path: Path) -> None:

@@ -17,6 +17,7 @@ from small_models import folded_linear, to_external
 
 from roam_cli.backward import step
 from roam_cli.core.errors import RoamBug, RoamError
+from roam_cli.core.fileio import SOURCE_KEY
 from roam_cli.frontend import parameters, providers, recover, training_graph
 
 FX = parameters.FX_NODE_KEY
@@ -78,7 +79,7 @@ def test_the_tied_head_gets_both_gradients_summed(tmp_path):
                                optimizer_path=tmp_path / "o.onnx")
     assert sorted(made.survey.trainable) == ["fc.weight", "lm_head.weight"]
     t = onnx.load(str(tmp_path / "t.onnx"))
-    meta = json.loads(next(p.value for p in t.metadata_props if p.key == recover.SOURCE_KEY))
+    meta = json.loads(next(p.value for p in t.metadata_props if p.key == SOURCE_KEY))
     assert meta["model"] == "lm.onnx" and meta["tied"] == {"wte.weight": "lm_head.weight"}
     # loss = sum(logits): d/dtable = onehot^T (1 ... ) through the gather plus h^T 1 through the head
     ids = np.array([[0, 1, 2, 3], [4, 3, 2, 1]])

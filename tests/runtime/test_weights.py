@@ -100,7 +100,7 @@ def test_no_output_is_written_over_the_export_its_data_or_the_inputs(tmp_path):
     trained(tmp_path, 0.0)
     before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
     train = ("train", tmp_path / "step.onnx", "--plan", tmp_path / "plan.json", "--steps", 1)
-    for option, path, said in (("--save-model", "lm.onnx", "same file as input"),  # the export the weights come from
+    for option, path, said in (("--save-model", "lm.onnx", "the export input"),  # the export the weights come from
                                ("--save-weights", "batch.npz", "same file as input"),  # --inputs
                                ("--save-model", "step.onnx", "same file as input")):
         r = roam(*train, "--inputs", tmp_path / "batch.npz", option, tmp_path / path)
@@ -116,6 +116,22 @@ def test_no_output_is_written_over_the_export_its_data_or_the_inputs(tmp_path):
     r = roam("make-training-graph", tmp_path / "ext.onnx", "-o", tmp_path / "ext.onnx.data", "--loss", "cross-entropy")
     assert "the external data of input" in r.err
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.name in before} == before
+
+
+def test_the_export_a_step_takes_its_weights_from_is_an_input_of_every_command_reading_the_step(tmp_path):
+    """The step holds no weights of its own: they are its export's, which no command reading the
+    step may write over (it was once an output of optimize and shard like any other file)."""
+    m, _, _ = dynamo_tied_lm()
+    save(m, tmp_path / "lm.onnx")
+    assert roam("make-training-graph", tmp_path / "lm.onnx", "-o", tmp_path / "step.onnx", "--loss", "cross-entropy",
+                "--in-graph-optimizer").code == 0
+    before = (tmp_path / "lm.onnx").read_bytes()
+    step, lm = tmp_path / "step.onnx", tmp_path / "lm.onnx"
+    for args in (("optimize", step, "-o", lm), ("optimize", step, "-o", tmp_path / "p.json", "--annotated-model", lm),
+                 ("shard", step, "--ranks", "2", "-o", lm), ("lower", step, "-o", lm)):
+        r = roam(*args)
+        assert r.code == 2 and "the export input" in r.err and len(r.err.strip().splitlines()) == 1, (args, r.err)
+    assert (tmp_path / "lm.onnx").read_bytes() == before and not (tmp_path / "p.json").exists()
 
 
 def test_optimizer_settings_are_checked_before_any_work(tmp_path):
