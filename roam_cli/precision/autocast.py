@@ -123,7 +123,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     del g.node[:]
     g.node.extend(nodes)
     for vi in (*g.value_info, *g.output):
-        if vi.name in now and vi.type.HasField("tensor_type"):
+        if now.get(vi.name) is not None and vi.type.HasField("tensor_type"):  # an unknown type stays as declared
             vi.type.tensor_type.elem_type = now[vi.name]
     if needed > opset:  # after the declared types are the new ones: ONNX's converter keeps them
         raise_opset(model, needed)
