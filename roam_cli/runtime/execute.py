@@ -114,7 +114,7 @@ def session(model_bytes: bytes, device: str, ordered: SessionOptimizations | Non
     optimisations `planned_optimizations` gives the annotated model; None: ORT's defaults.
     `config`: session config entries (locate_weights')."""
     options = ort.SessionOptions()
-    options.log_severity_level = 3
+    options.log_severity_level = 4  # a failing node's error comes back as the exception roam says, not on stderr too
     for key, value in (config or {}).items():
         options.add_session_config_entry(key, value)
     if ordered:

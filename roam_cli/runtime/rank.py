@@ -12,12 +12,13 @@ HEARTBEAT_S seconds by a thread and at each phase (pid, time, phase, collectives
 `rank<r>.steps`, a JSON line per step finished; at the end `rank<r>.json` (its figures) or
 `rank<r>.error` (what stopped it); and a socket to the launcher, held open for the process's life,
 that the launcher sees close when it dies. A rank that fails stops every rank (MPI_Abort): the
-others would wait for it in the next collective. A rank whose launcher is gone ends itself."""
+others would wait for it in the next collective. A rank whose launcher is gone (killed) removes the run's folder and ends itself."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import sys
 import threading
@@ -78,7 +79,8 @@ class Reporter:
             time.sleep(HEARTBEAT_S)
             try:
                 os.kill(self.launcher, 0)
-            except ProcessLookupError:  # nobody would end this run: end it (mpiexec then ends the others)
+            except ProcessLookupError:  # nobody would end this run nor clean up after it: this rank does both
+                shutil.rmtree(self.folder, ignore_errors=True)  # (mpiexec then ends the others)
                 os._exit(1)
             self.beat()
 

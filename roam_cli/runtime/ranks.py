@@ -36,12 +36,12 @@ import time
 from pathlib import Path
 
 import numpy as np
-import onnx
 
 import roam_cli
 from roam_cli.core.collectives import SHARDING_KEY
-from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, first_line
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
 from roam_cli.core.units import format_bytes
+from roam_cli.frontend.onnx_import import load_model
 from roam_cli.runtime import collectives, shards, weights
 from roam_cli.runtime.train import RTOL, render_weights
 
@@ -62,10 +62,7 @@ def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, we
     """Refuse, before any process starts, a run of the wrong layout or without MPI."""
     if ranks < 1:
         raise RoamError(f"--ranks must be at least 1, got {ranks}")
-    try:
-        model = onnx.load(str(model_path), load_external_data=False)
-    except (OSError, ValueError, onnx.checker.ValidationError) as e:
-        raise RoamError(f"cannot read {model_path}: {first_line(e)}") from None
+    model = load_model(model_path)[0]
     layout = shards.read({p.key: p.value for p in model.metadata_props}, str(model_path))
     if layout is None:
         raise RoamError(f"--ranks {ranks}: {model_path} is not a rank step (no {SHARDING_KEY} metadata); roam shard "
@@ -160,6 +157,7 @@ class Run:
                                          cwd=self.folder, start_new_session=True)
         began = progress = time.monotonic()
         starting = True
+        stopped = None  # since when mpiexec is seen stopped
         while True:
             code = self.proc.poll()
             for row in self.read_steps():
@@ -176,7 +174,10 @@ class Run:
                          f"({self.timeout:g} s)")
             else:
                 blame = None
-            if blame and self.launcher_stopped():
+            # stopped, mpiexec can end neither the ranks nor the run: said once it has been so for the
+            # timeout (its ranks may train on till their last step), and as the cause of any hang
+            stopped = (stopped or time.monotonic()) if self.launcher_stopped() else None
+            if stopped and (blame or time.monotonic() - stopped > self.timeout):
                 blame = "mpiexec is stopped (SIGSTOP, or a terminal's Ctrl-Z), so its ranks cannot go on"
             if blame:
                 self.end()
@@ -257,8 +258,9 @@ class Run:
                           "--start-timeout)") if late else None
         now = time.time()
         stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > self.start_timeout]
-        if stale:
-            return True, f"rank {stale[0]} hung while starting (no heartbeat for {now - statuses[stale[0]]['time']:.1f} s)"
+        if stale:  # the one silent longest: the others may have stopped beating waiting for it (inside MPI)
+            r = max(stale, key=lambda r: now - statuses[r]["time"])
+            return True, f"rank {r} hung while starting (no heartbeat for {now - statuses[r]['time']:.1f} s)"
         return any(s["phase"] == "start" for s in statuses), None
 
     def hung(self) -> str:

@@ -141,7 +141,7 @@ class PlannedSession:
     def _session(self, model: onnx.ModelProto, ordered: bool, allocator: str, log_arena: bool,
                  config: dict[str, str], planned, plan: dict, collective: bool, threads: int) -> ort.InferenceSession:
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # a failing node's error comes back as the exception roam says, not on stderr too
         options.intra_op_num_threads = threads
         if collective:
             collectives.register(options)

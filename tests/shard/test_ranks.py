@@ -217,10 +217,11 @@ def test_of_four_ranks_the_one_killed_is_named_from_the_launchers_record(steps, 
 @needs_mpi
 @pytest.mark.parametrize("stop, said", [(signal.SIGKILL, "mpiexec was killed by signal 9"),
                                         pytest.param(signal.SIGSTOP, "mpiexec is stopped (SIGSTOP",
-                                                     marks=pytest.mark.slow)])  # 9 s: 200 steps, then the timeout
+                                                     marks=pytest.mark.slow)])
 def test_mpiexec_killed_or_stopped_is_said_as_such(steps, tmp_path, stop, said):
-    # stopped, mpiexec leaves its ranks training: the run stops where they need it, at the end
-    proc, folder = start_long_run(steps, tmp_path, timeout=2, count=200)
+    # stopped, mpiexec leaves its ranks training: the run is stopped once mpiexec was so for the timeout
+    # (2 s), long before the ranks' millionth step
+    proc, folder = start_long_run(steps, tmp_path, timeout=2)
     ids = pids(folder)
     children = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
     mpiexec = next(int(c) for c in children if b"mpiexec" in Path(f"/proc/{c}/cmdline").read_bytes())
