@@ -54,14 +54,14 @@ class Run:
         return json.loads(self.out)
 
 
-def roam(*args, cwd=None) -> Run:
+def roam(*args, cwd=None, env: dict | None = None) -> Run:
     """Run the CLI as a user would: a process of its own, with real exit code and streams, forked
     from one that has imported roam already (a short command's time is mostly its imports: half a
-    second, some 300 times a run)."""
+    second, some 300 times a run); `env` over this process's environment."""
     with tempfile.TemporaryDirectory(prefix="roam-cli-") as folder:
         out, err = Path(folder) / "out", Path(folder) / "err"
         child = FORKS.Process(target=run_cli, args=([str(a) for a in args], str(cwd or os.getcwd()),
-                                                     {**os.environ, "COLUMNS": "200"}, str(out), str(err)))
+                                                     {**os.environ, "COLUMNS": "200", **(env or {})}, str(out), str(err)))
         child.start()
         child.join()
         with contextlib.suppress(ProcessLookupError):  # what it started and left behind, as a user's shell would
