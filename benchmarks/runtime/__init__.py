@@ -6,7 +6,11 @@ onnxruntime-training and standard ONNX (roam's backward) on today's onnxruntime.
 arena grew to besides the state; loss and state are checked against a plain ORT session, and step
 times are medians of both sessions stepped in turn. Lowering (`roam lower`: the fused ops written as
 standard ONNX) is measured on the suite's graphs: both forms planned with the same options (arena
-bytes), and run on the same random inputs (largest relative difference, another onnxruntime runs it)."""
+bytes), and run on the same random inputs (largest relative difference, another onnxruntime runs it).
+The hostile sweep runs the commands users run as a hostile user would (corrupt files, outputs aimed
+at inputs, bad values, full and read-only file systems, signals at every stage) and counts the cases
+that break the contract of docs/reliability.md: one line, the right exit code, nothing overwritten or
+left behind."""
 
 from benchmarks import harness
 
@@ -17,6 +21,7 @@ HEADLINES = [
                            f"{_SUITE}/resnet50", "--make", "standard", "--workspace", "calibrate", "--steps", "6",
                            "--compare", "6"]),
     ("runtime/lower", [_SUITE, "--", "--jobs", "1"]),
+    ("runtime/hostile_sweep", []),
 ]
 DETAILS = "docs/benchmarks/runtime.md"
 

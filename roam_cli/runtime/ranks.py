@@ -258,10 +258,18 @@ class Run:
                           "--start-timeout)") if late else None
         now = time.time()
         stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > self.start_timeout]
-        if stale:  # the one silent longest: the others may have stopped beating waiting for it (inside MPI)
-            r = max(stale, key=lambda r: now - statuses[r]["time"])
+        if stale:
+            r = self.culprit(stale, statuses, now)
             return True, f"rank {r} hung while starting (no heartbeat for {now - statuses[r]['time']:.1f} s)"
         return any(s["phase"] == "start" for s in statuses), None
+
+    @staticmethod
+    def culprit(silent: list[int], statuses: list[dict], now: float) -> int:
+        """Of the ranks whose heartbeat stopped, the one to blame: a stopped process (SIGSTOP, a
+        terminal's Ctrl-Z) first, since a rank blocked inside MPI waiting for it stops beating too
+        (MPI_Init holds the interpreter), else the one silent longest."""
+        stopped = [r for r in silent if process_state(statuses[r]["pid"]) in ("T", "t")]
+        return stopped[0] if stopped else max(silent, key=lambda r: now - statuses[r]["time"])
 
     def hung(self) -> str:
         """The rank to blame for a hang once every rank has started, in words."""
@@ -270,7 +278,7 @@ class Run:
         statuses = [self.status(r) for r in range(self.ranks)]
         stale = [r for r, s in enumerate(statuses) if now - s["time"] > min(STALE_S, self.timeout / 2)]
         if stale:
-            r = max(stale, key=lambda r: now - statuses[r]["time"])
+            r = self.culprit(stale, statuses, now)
             return (f"rank {r} hung {self.where(r, statuses[r])} (no heartbeat for "
                     f"{now - statuses[r]['time']:.1f} s)")
         waiting = [s["entered"] > s["left"] for s in statuses]

@@ -277,3 +277,26 @@ def test_a_rank_starting_is_given_the_start_timeout_not_the_step_timeout(tmp_pat
     (tmp_path / "rank1.status").write_text(json.dumps({"pid": 1, "time": now, "phase": "planned", "entered": 0,
                                                        "left": 0}))
     assert run.start_hang(seconds=200) == (False, None)  # every rank started: the step timeout counts now
+
+
+def test_of_two_silent_ranks_the_stopped_one_is_blamed_though_the_other_is_silent_longer(tmp_path):
+    """A rank blocked inside MPI (MPI_Init holds the interpreter) waiting for a stopped one stops
+    beating too, and may have stopped first: the stopped process is the one to name."""
+    stopped = subprocess.Popen(["sleep", "60"])
+    try:
+        os.kill(stopped.pid, signal.SIGSTOP)
+        while ranks.process_state(stopped.pid) not in ("T", "t"):
+            time.sleep(0.01)
+        run = ranks.Run(tmp_path, 2, 10, timeout=3, start_timeout=5)
+        now = time.time()
+        for r, (pid, age) in enumerate([(os.getpid(), 9), (stopped.pid, 6)]):
+            (tmp_path / f"rank{r}.status").write_text(json.dumps({"pid": pid, "time": now - age, "phase": "start",
+                                                                  "entered": 0, "left": 0}))
+        assert run.start_hang(seconds=200)[1].startswith("rank 1 hung while starting (no heartbeat for 6.")
+        os.kill(stopped.pid, signal.SIGCONT)
+        while ranks.process_state(stopped.pid) in ("T", "t"):
+            time.sleep(0.01)
+        assert run.start_hang(seconds=200)[1].startswith("rank 0 hung while starting (no heartbeat for 9.")
+    finally:
+        stopped.kill()
+        stopped.wait()
