@@ -1,16 +1,30 @@
 """The `roam` executable (and `python -m roam_cli`). The command line's modules are imported
-inside `main`, so that a Ctrl-C while they load (a second or two) is an interrupt like any
-other: one line and exit 130, not a traceback."""
+inside `main`, so that a Ctrl-C or SIGTERM while they load (a second or two) stops it like any
+other: one line and exit 130 or 143, not a traceback.
 
+While they load, both signals raise `Stopped`, never KeyboardInterrupt: CPython ends a process
+with SIGINT itself (exit -2) once a KeyboardInterrupt has passed through some of its C paths
+(an extension module's initialisation), even one caught; and a SIGTERM would end it silently."""
+
+import signal
 import sys
+
+from roam_cli.core.errors import Stopped, stopped_line
+
+
+def stop(signum, frame) -> None:
+    raise Stopped(signum)
 
 
 def main() -> None:
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, stop)
     try:
         from roam_cli import cli
-    except KeyboardInterrupt:
-        print("roam: interrupted", file=sys.stderr)
-        sys.exit(130)
+    except (Stopped, KeyboardInterrupt) as e:
+        signum = e.signum if isinstance(e, Stopped) else signal.SIGINT
+        print(stopped_line(signum), file=sys.stderr)
+        sys.exit(128 + signum)
     cli.main()
 
 

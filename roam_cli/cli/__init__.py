@@ -13,7 +13,7 @@ import sys
 import click
 from rich.console import Console
 from roam_cli import __version__
-from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, Stopped
+from roam_cli.core.errors import CheckFailed, RoamBug, RoamError, Stopped, stopped_line
 from roam_cli.core.units import parse_bytes
 from roam_cli.outputs import report as report_mod
 
@@ -159,6 +159,20 @@ def stopper(pid: int):
     return stop
 
 
+def signal_behind(e: BaseException) -> int | None:
+    """The signal that raised what led to `e` (a SIGTERM while a C extension initialised becomes an
+    ImportError, "initialization failed"), or None."""
+    seen = set()
+    while e is not None and id(e) not in seen:
+        if isinstance(e, Stopped):
+            return e.signum
+        if isinstance(e, KeyboardInterrupt):
+            return signal.SIGINT
+        seen.add(id(e))
+        e = e.__cause__ or e.__context__
+    return None
+
+
 def main() -> None:
     stop = stopper(os.getpid())
     before = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
@@ -167,10 +181,10 @@ def main() -> None:
     except click.exceptions.Exit as e:
         code = e.exit_code
     except Stopped as e:
-        print(f"roam: {'terminated' if e.signum == signal.SIGTERM else 'interrupted'}", file=sys.stderr)
+        print(stopped_line(e.signum), file=sys.stderr)
         code = 128 + e.signum
     except (click.exceptions.Abort, KeyboardInterrupt):
-        print("roam: interrupted", file=sys.stderr)
+        print(stopped_line(signal.SIGINT), file=sys.stderr)
         code = 130
     except click.UsageError as e:
         print(f"roam: error: {e.format_message().splitlines()[0]}", file=sys.stderr)
@@ -191,11 +205,15 @@ def main() -> None:
         print("roam: error: out of memory", file=sys.stderr)
         code = 2
     except Exception as e:  # a bug: one line, and the traceback only on request
-        if os.environ.get("ROAM_DEBUG"):
+        if (signum := signal_behind(e)) is not None:
+            print(stopped_line(signum), file=sys.stderr)
+            code = 128 + signum
+        elif os.environ.get("ROAM_DEBUG"):
             raise
-        print(f"roam: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
-              "(set ROAM_DEBUG=1 for a traceback)", file=sys.stderr)
-        code = 3
+        else:
+            print(f"roam: internal error: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''} "
+                  "(set ROAM_DEBUG=1 for a traceback)", file=sys.stderr)
+            code = 3
     for signum, handler in before.items():  # main may run inside another program (the tests)
         signal.signal(signum, handler)
     sys.exit(code if isinstance(code, int) else 0)

@@ -1,5 +1,7 @@
 """The ways a command stops early; the CLI maps them to exit codes."""
 
+import signal
+
 
 class RoamError(Exception):
     """Bad input or usage. The CLI prints the message as one line and exits 2."""
@@ -22,6 +24,11 @@ class Stopped(BaseException):
     def __init__(self, signum: int):
         super().__init__(signum)
         self.signum = signum
+
+
+def stopped_line(signum: int) -> str:
+    """What roam says when SIGINT or SIGTERM stopped it."""
+    return "roam: terminated" if signum == signal.SIGTERM else "roam: interrupted"
 
 
 def first_line(e: Exception) -> str:

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pulp
 import pytest
+from conftest import SAMPLE
 from onnx_builder import model, node, save
 from small_models import small_training_step
 from test_hostile import main_in_process
@@ -256,6 +257,26 @@ def test_ctrl_c_while_the_modules_load_is_one_line_and_exit_130():
             "main()\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert (proc.returncode, proc.stderr) == (130, "roam: interrupted\n")
+
+
+def test_a_sigterm_that_an_import_turned_into_an_import_error_is_a_termination(tmp_path):
+    """A signal while a C extension initialises reaches roam as an ImportError ("initialization
+    failed") raised from roam's Stopped: that is the signal, not an internal error."""
+    code = ("import signal, sys\n"
+            "from roam_cli.core.errors import Stopped\n"
+            "class Terminate:\n"
+            "    def find_spec(self, name, *args):\n"
+            "        if name == 'roam_cli.gradcheck':\n"
+            "            try:\n"
+            "                raise Stopped(signal.SIGTERM)\n"
+            "            except Stopped as e:\n"
+            "                raise ImportError('initialization failed') from e\n"
+            "sys.meta_path.insert(0, Terminate())\n"
+            f"sys.argv = ['roam', 'gradcheck', {str(SAMPLE)!r}]\n"
+            "from roam_cli.__main__ import main\n"
+            "main()\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert (proc.returncode, proc.stderr) == (143, "roam: terminated\n")
 
 
 # ---- output safety ---------------------------------------------------------------------------
