@@ -27,6 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from roam_cli import kinks
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.frontend.onnx_import import import_model, subgraph_captures
 from roam_cli.frontend.synthetic import synthesize
@@ -50,9 +51,10 @@ class Finding:
     rule_error: float  # float64 gradient against the differences, relative to the gradient's norm
     uncertainty: float  # the differences' own, on the same scale
     float32_error: float  # the graph as it runs against float64, relative
+    kink: str | None = None  # the edge every difference step crossed (the rule is then unchecked)
 
     def rule_ok(self, tolerance: float) -> bool:
-        return self.rule_error <= max(tolerance, 10 * self.uncertainty)
+        return self.kink is not None or self.rule_error <= max(tolerance, 10 * self.uncertainty)
 
 
 @dataclass
@@ -68,6 +70,11 @@ class Report:
     tolerance: float = RULE_TOLERANCE
     float32_tolerance: float = FLOAT32_TOLERANCE
     notes: list[str] = field(default_factory=list)
+    flips: list[tuple[str, int]] = field(default_factory=list)  # edges the graph as run is across from float64
+
+    @property
+    def at_kinks(self) -> list[Finding]:
+        return [f for f in self.findings if f.kink is not None]
 
     @property
     def wrong_rules(self) -> list[Finding]:
@@ -114,15 +121,23 @@ def check(path: Path, given: dict[str, np.ndarray], seed: int = 0, loss: str | N
     check_given(graph, given)
     values, synthesised = starting_values(graph, model, path, list(grads), given, seed)
     values |= masks
-    as_run = run_once(with_outputs(as_inputs(standard, grads), [loss, *grads.values()], graph), values)
     wide = widened(as_inputs(standard, grads))
-    wide_values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in values.items()}
-    wide_run, runner = runner_for(with_outputs(wide, [loss, *grads.values()], graph, np.float64))
-    g64 = wide_run(wide_values)
     forward_model = sliced(with_outputs(wide, [loss], graph, np.float64), loss)
+    # each run also says which side of each edge (kinks.py) of the forward each element took
+    forward_nodes = {n.output[0] for n in forward_model.graph.node if n.output}
+    as_run_model, sided = kinks.with_sides(with_outputs(as_inputs(standard, grads), [loss, *grads.values()], graph),
+                                           TensorProto.FLOAT, forward_nodes)
+    as_run = run_once(as_run_model, values)
+    wide_values = {k: v.astype(np.float64) if v.dtype.kind == "f" else v for k, v in values.items()}
+    wide_run, runner = runner_for(kinks.with_sides(with_outputs(wide, [loss, *grads.values()], graph, np.float64),
+                                                   TensorProto.DOUBLE, forward_nodes)[0])
+    g64 = wide_run(wide_values)
+    flips = kinks.crossed(as_run[1 + len(grads):], g64[1 + len(grads):], sided)
+    forward_model, forward_sided = kinks.with_sides(forward_model, TensorProto.DOUBLE)
     forward, _ = runner_for(forward_model)
+    center = forward(wide_values)[1:]
     read = {i.name for i in forward_model.graph.input}
-    exact = [g.astype(np.float64) for g in g64[1:]]
+    exact = [g.astype(np.float64) for g in g64[1:1 + len(grads)]]
     # a gradient a normalisation cancels is zero, a small one is all rounding in its differences: errors are
     # measured against at least FLOOR of the largest gradient
     floor = FLOOR * max((float(np.linalg.norm(g)) for g in exact), default=0.0) + 1e-300
@@ -130,13 +145,15 @@ def check(path: Path, given: dict[str, np.ndarray], seed: int = 0, loss: str | N
     for k, p in enumerate(grads):
         direction = rng.standard_normal(exact[k].shape)
         direction /= max(np.linalg.norm(direction), 1e-300)
-        derivative, uncertainty = ridders(forward, wide_values, p, direction, max(np.linalg.norm(wide_values[p]), 1.0))
+        sides = Sides(center, forward_sided)
+        derivative, uncertainty, kink = ridders(forward, wide_values, p, direction,
+                                                max(np.linalg.norm(wide_values[p]), 1.0), sides)
         scale = max(np.linalg.norm(exact[k]), floor)
         findings.append(Finding(p, abs(float(np.vdot(exact[k], direction)) - derivative) / scale, uncertainty / scale,
-                                float(np.linalg.norm(as_run[k + 1].astype(np.float64) - exact[k]) / scale)))
+                                float(np.linalg.norm(as_run[k + 1].astype(np.float64) - exact[k]) / scale), kink))
     return Report(loss, float(np.ravel(as_run[0])[0]), float(np.ravel(g64[0])[0]), runner, findings,
                   [x for x in synthesised if x in read],
-                  len(masks) // 2, time.perf_counter() - start, tolerance, float32_tolerance, notes)
+                  len(masks) // 2, time.perf_counter() - start, tolerance, float32_tolerance, notes, flips)
 
 
 def check_given(graph, given: dict[str, np.ndarray]) -> None:
@@ -356,24 +373,44 @@ def reference_ops() -> list:
     return [Erf, Gelu, GatherElements]
 
 
+@dataclass
+class Sides:
+    """The side of every edge each element takes at the point checked (kinks.with_sides)."""
+    at: list[np.ndarray]
+    nodes: list[str]
+
+
 def ridders(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray,
-            size: float) -> tuple[float, float]:
-    """The loss's derivative along `direction` at `parameter` and its uncertainty: central differences
-    at each of STEPS (times `size`), each pair of neighbours extrapolated (Richardson, h and h/4), and
-    the extrapolation that agrees best with the one before it kept. Large steps suit a parameter whose
-    effect is small (rounding dominates), small ones a badly conditioned loss (truncation dominates)."""
-    plain = [difference(forward, values, parameter, direction, step * size) for step in STEPS]
-    extrapolated = [(16 * fine - coarse) / 15 for coarse, fine in zip(plain, plain[1:])]
-    best = min(range(1, len(extrapolated)), key=lambda k: abs(extrapolated[k] - extrapolated[k - 1]))
-    return extrapolated[best], abs(extrapolated[best] - extrapolated[best - 1])
+            size: float, sides: Sides) -> tuple[float, float, str | None]:
+    """The loss's derivative along `direction` at `parameter`, its uncertainty, and the edge that kept
+    it from being measured (None: it was): central differences at each of STEPS (times `size`), each
+    pair of neighbours extrapolated (Richardson, h and h/4), and the extrapolation that agrees best
+    with the one before it kept. Large steps suit a parameter whose effect is small (rounding
+    dominates), small ones a badly conditioned loss (truncation dominates). A difference across an
+    edge (a kink: Relu's zero, Clip's bounds, ...) measures a jump: only those that cross none are used."""
+    plain = [difference(forward, values, parameter, direction, step * size, sides) for step in STEPS]
+    pairs = [k for k in range(len(STEPS) - 1) if not plain[k][1] and not plain[k + 1][1]]
+    extrapolated = {k: (16 * plain[k + 1][0] - plain[k][0]) / 15 for k in pairs}
+    compared = [k for k in pairs if k - 1 in extrapolated]
+    if compared:
+        best = min(compared, key=lambda k: abs(extrapolated[k] - extrapolated[k - 1]))
+        return extrapolated[best], abs(extrapolated[best] - extrapolated[best - 1]), None
+    if pairs:  # one extrapolation: as uncertain as its two differences disagree
+        k = pairs[-1]
+        return extrapolated[k], abs(plain[k + 1][0] - plain[k][0]), None
+    node, count = plain[-1][1][0] if plain[-1][1] else next(c for _, c in plain if c)[0]
+    return math.nan, math.nan, f"{node} ({count} element{'s' if count > 1 else ''})"
 
 
-def difference(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray, step: float) -> float:
-    """The loss's central difference along `direction` (a unit vector) at `parameter`."""
+def difference(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray, step: float,
+               sides: Sides) -> tuple[float, list[tuple[str, int]]]:
+    """The loss's central difference along `direction` (a unit vector) at `parameter`, and the edges
+    either end lies across from the point checked."""
     at = values[parameter]
-    plus = forward({**values, parameter: at + step * direction})[0]
-    minus = forward({**values, parameter: at - step * direction})[0]
-    return float(np.sum(plus) - np.sum(minus)) / (2 * step)
+    plus = forward({**values, parameter: at + step * direction})
+    minus = forward({**values, parameter: at - step * direction})
+    across = kinks.crossed(plus[1:], sides.at, sides.nodes) or kinks.crossed(minus[1:], sides.at, sides.nodes)
+    return float(np.sum(plus[0]) - np.sum(minus[0])) / (2 * step), across
 
 
 def verdict(report: Report) -> str | None:
@@ -386,10 +423,32 @@ def verdict(report: Report) -> str | None:
                 "is wrong")
     if off:
         worst = max(off, key=lambda f: f.float32_error)
+        why = "the model amplifies rounding on this input"
+        if report.flips:
+            why = (f"as it runs, the graph lies on the other side of an edge than float64 at {flipped(report)}: "
+                   "it follows the other branch's gradient there")
         return (f"{len(off)} of {len(report.findings)} gradients as the graph runs differ from float64 by more than "
                 f"{report.float32_tolerance:g} (worst {worst.parameter!r}: {worst.float32_error:.2g}); in float64 every "
-                "rule holds: the model amplifies rounding on this input")
+                f"rule holds: {why}")
     return None
+
+
+def flipped(report: Report) -> str:
+    """The edges the graph as run lies across from float64, in words."""
+    elements = sum(count for _, count in report.flips)
+    first = ", ".join(f"{node} ({count})" for node, count in report.flips[:3])
+    more = f" and {len(report.flips) - 3} more" if len(report.flips) > 3 else ""
+    return f"{elements} element{'s' if elements > 1 else ''} of {len(report.flips)} node{'s' if len(report.flips) > 1 else ''}: {first}{more}"
+
+
+def unchecked(report: Report) -> str | None:
+    """The gradients the differences could not check (every step crossed an edge), in words."""
+    if not report.at_kinks:
+        return None
+    first = report.at_kinks[0]
+    return (f"{len(report.at_kinks)} of {len(report.findings)} gradients not checked: every difference step crossed an "
+            f"edge (for {first.parameter!r}: {first.kink}); the point lies at a kink of the loss (another --seed, or "
+            "other --inputs, checks them)")
 
 
 def as_json(report: Report) -> dict:
@@ -397,8 +456,10 @@ def as_json(report: Report) -> dict:
             "tolerance": report.tolerance, "float32_tolerance": report.float32_tolerance,
             "synthesised": report.synthesised, "dropouts_fixed": report.dropouts, "seconds": round(report.seconds, 3),
             "notes": report.notes,
-            "parameters": [{"name": f.parameter, "rule_error": f.rule_error, "uncertainty": f.uncertainty,
-                            "float32_error": f.float32_error} for f in report.findings],
+            "parameters": [{"name": f.parameter, "rule_error": None if f.kink else f.rule_error,
+                            "uncertainty": None if f.kink else f.uncertainty, "float32_error": f.float32_error,
+                            "kink": f.kink} for f in report.findings],
+            "across_from_float64": [{"node": node, "elements": count} for node, count in report.flips],
             "passed": verdict(report) is None}
 
 
@@ -410,19 +471,25 @@ def render(report: Report, console, rows: int = 8) -> None:
     table.add_column("float64 vs differences", justify="right")
     table.add_column("their uncertainty", justify="right")
     table.add_column("as run vs float64", justify="right")
-    badness = lambda f: max(f.rule_error / max(report.tolerance, 10 * f.uncertainty),  # noqa: E731
+    badness = lambda f: max(0 if f.kink else f.rule_error / max(report.tolerance, 10 * f.uncertainty),  # noqa: E731
                             f.float32_error / report.float32_tolerance)
     for f in sorted(report.findings, key=badness, reverse=True)[:rows]:
-        table.add_row(f.parameter, f"{f.rule_error:.1e}", f"{f.uncertainty:.1e}", f"{f.float32_error:.1e}")
+        table.add_row(f.parameter, "at a kink" if f.kink else f"{f.rule_error:.1e}",
+                      "" if f.kink else f"{f.uncertainty:.1e}", f"{f.float32_error:.1e}")
     console.print(table)
     drawn = f"; drawn at random: {len(report.synthesised)} inputs" if report.synthesised else ""
     fixed = f"; {report.dropouts} Dropout masks held fixed" if report.dropouts else ""
     console.print(f"loss {report.loss!r}: {report.loss32:.7g} as run, {report.loss64:.7g} in float64; float64 run "
                   f"by {report.runner}{fixed}{drawn}; {report.seconds:.1f} s", highlight=False, soft_wrap=True)
-    worst_rule = max(report.findings, key=lambda f: f.rule_error)
+    checked = [f for f in report.findings if f.kink is None] or report.findings
+    worst_rule = max(checked, key=lambda f: f.rule_error)
     worst32 = max(report.findings, key=lambda f: f.float32_error)
-    for note in report.notes:
-        console.print(note, highlight=False, soft_wrap=True)
+    for note in [*report.notes, unchecked(report)]:
+        if note:
+            console.print(note, highlight=False, soft_wrap=True)
+    if report.flips:
+        console.print(f"as run, on the other side of an edge than float64: {flipped(report)}", highlight=False,
+                      soft_wrap=True)
     console.print(f"rules: worst {worst_rule.rule_error:.1e} (tolerance {report.tolerance:g}, or 10x the differences' "
                   f"uncertainty); float32: worst {worst32.float32_error:.1e} (tolerance {report.float32_tolerance:g})",
                   highlight=False, soft_wrap=True)

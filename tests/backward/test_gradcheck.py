@@ -171,3 +171,29 @@ def test_a_drawn_padding_mask_attends_everywhere(tmp_path):
     zeros = tmp_path / "zeros.npz"
     np.savez(zeros, attention_mask=np.zeros([1, 4], np.int64))
     assert roam("gradcheck", step, "--inputs", zeros).code == 1  # given: as given
+
+
+def kinked():
+    """loss = w * Relu((x + e) - x): in float64 (1 + 2^-30) - 1 = 2^-30 > 0, Relu passes it and
+    dloss/dw = 2^-30; in float32 1 + 2^-30 rounds to 1, Relu sees 0 and dloss/dw = 0. Every
+    difference step along e (1e-6 or more, relative to max(|e|, 1)) crosses Relu's zero."""
+    nodes = [node("Add", ["x", "e.weight"], ["h"]), node("Sub", ["h", "x"], ["d"]), node("Relu", ["d"], ["r"]),
+             node("Mul", ["r", "w.weight"], ["y"]), node("ReduceSum", ["y"], ["loss"], keepdims=0)]
+    inits = {"e.weight": np.array([2.0**-30], np.float32), "w.weight": np.array([3.0], np.float32)}
+    return model(nodes, [("x", [1])], [("loss", [])], initializers=inits)
+
+
+def test_a_gradient_at_a_kink_is_named_unchecked_and_a_branch_float32_takes_otherwise_is_named(tmp_path):
+    train = training(tmp_path, kinked())
+    np.savez(tmp_path / "x.npz", x=np.ones(1, np.float32))
+    r, found = checked(train, "--inputs", tmp_path / "x.npz")
+    # e: every difference crosses the kink (its rule unchecked, named), and float32's gradient (0, Relu
+    # closed) is the other branch's (3); w: nothing it moves crosses an edge, its rule holds
+    e, w = found["e.weight"], found["w.weight"]
+    assert e["kink"] == "Relu 'r_node' (1 element)" and e["rule_error"] is None and e["float32_error"] == 1.0, found
+    assert w["kink"] is None and w["rule_error"] < 1e-7, found
+    assert r.json()["across_from_float64"] == [{"node": "Relu 'r_node'", "elements": 1}]
+    assert r.code == 1 and "lies on the other side of an edge than float64 at 1 element of 1 node: Relu 'r_node'" \
+        in r.err, r.err
+    r = roam("gradcheck", train, "--inputs", tmp_path / "x.npz")
+    assert "1 of 2 gradients not checked: every difference step crossed an edge (for 'e.weight'" in r.out, r.out
