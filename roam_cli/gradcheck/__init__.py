@@ -27,7 +27,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from roam_cli import kinks
+from roam_cli.gradcheck import kinks
 from roam_cli.core.errors import RoamError, first_line
 from roam_cli.frontend.onnx_import import import_model, subgraph_captures
 from roam_cli.frontend.synthetic import synthesize
