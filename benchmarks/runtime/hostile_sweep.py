@@ -352,6 +352,5 @@ def table(results: dict) -> str:
               for o in results["cases"] if o["ran"] and o["broken"]]
     not_run = Counter(o["why"] for o in results["cases"] if not o["ran"])
     notes = [f"Not run: {n} ({why})." for why, n in not_run.items()]
-    notes.append(f"The 17 defects of issue 48 are cases here: {len(results['defects_of_issue_48'])} of them named "
-                 "by their item.")
-    return "\n".join([harness.markdown_table(["kind", "cases", "ran", "held", "defects"], rows), "", *notes, *broken])
+    notes.append(f"Cases reproducing the defects issue 48 listed: {len(results['defects_of_issue_48'])} of its 17 items.")
+    return "\n".join([harness.markdown_table(["kind", "cases", "ran", "held", "defects"], rows), *notes, *broken])
