@@ -52,6 +52,12 @@ def load_model(path: str | os.PathLike) -> tuple[onnx.ModelProto, str]:
         raise RoamError(f"{path}: not an ONNX model (no graph or no IR version)")
     if not model.graph.node:
         raise RoamError(f"{path}: the ONNX graph has no nodes")
+    g = model.graph
+    names = [s for n in g.node for s in (n.name, n.op_type, n.domain, *n.input, *n.output)]
+    names += [v.name for v in (*g.input, *g.output, *g.initializer, *g.value_info)]
+    bad = next((s for s in names if not isinstance(s, str)), None)
+    if bad is not None:  # protobuf hands back a string field that is not valid UTF-8 as bytes
+        raise RoamError(f"{path}: not a valid ONNX model (name {bad[:40]!r} is not UTF-8 text)")
     return model, hashlib.sha256(data).hexdigest()
 
 
@@ -132,10 +138,6 @@ def import_model(path: str | os.PathLike, dims: dict[str, int] | None = None, sh
         )
         for n in g.node
     ]
-    used = [s for n in nodes for s in (n.name, n.op_type, n.domain, *n.inputs, *n.outputs)] + inputs + init_names
-    bad = next((s for s in used + [o.name for o in g.output] if not isinstance(s, str)), None)
-    if bad is not None:  # protobuf hands back a string field that is not valid UTF-8 as bytes
-        raise RoamError(f"{path}: not a valid ONNX model (name {bad[:40]!r} is not UTF-8 text)")
     order = topological_order(nodes, set(inputs) | init_set)
     if order != list(range(len(nodes))):
         notes.append("the file's node order is not topological; 'original' order is a stable topological sort of it")

@@ -387,3 +387,16 @@ def test_inputs_that_are_not_an_npz_of_plain_arrays_are_refused_naming_why(tmp_p
             read_arrays(tmp_path / name, "--inputs")
         assert str(refused.value).startswith(f"--inputs {tmp_path / name}: ") and said in str(refused.value)
     assert read_arrays(tmp_path / "good.npz", "--inputs")["x"].tolist() == [0, 1, 2]
+
+
+def test_a_name_that_is_not_utf8_is_refused_by_every_command_reading_a_model(tmp_path):
+    """protobuf hands such a name back as bytes: every loader refuses it, not only optimize's import
+    (make-training-graph compared it with a str: an internal error)."""
+    (tmp_path / "m.onnx").write_bytes(non_utf8_name())
+    for argv in (["make-training-graph", "m.onnx", "-o", "t.onnx", "--loss", "none"],
+                 ["shard", "m.onnx", "-o", "r.onnx", "--ranks", "2"],
+                 ["emulate", "m.onnx", "-o", "e.onnx"], ["lower", "m.onnx", "-o", "l.onnx"]):
+        code, stderr = main_in_process([*argv[:1], str(tmp_path / argv[1]), *argv[2:3], str(tmp_path / argv[3]),
+                                        *argv[4:]])
+        assert code == 2 and "is not UTF-8 text" in stderr and stderr.count("\n") == 1, (argv, stderr)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]
