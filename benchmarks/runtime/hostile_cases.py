@@ -239,6 +239,20 @@ def weights_with(value: float) -> Callable[[Path], None]:
     return setup
 
 
+def checkpointed(folder: Path) -> None:
+    """ck/ holding the checkpoints of a 2-step run of the step (seed 0): step-1 and step-2."""
+    import subprocess
+    import sys
+    subprocess.run([sys.executable, "-m", "roam_cli", "-q", "train", *STEP, "--steps", "2", "--checkpoint-dir", "ck",
+                    "--checkpoint-every", "1"], cwd=folder, check=True, capture_output=True)
+
+
+def checkpointed_then_corrupt(folder: Path) -> None:
+    checkpointed(folder)
+    state = folder / "ck" / "step-2" / "state.npz"
+    state.write_bytes(state.read_bytes()[:1000])
+
+
 def values() -> list[Case]:
     train, ranks = argv_of("train"), argv_of("train --ranks")
     cases = [Case("bad value", f"make-training-graph --optimizer-setting {s}",
@@ -321,6 +335,15 @@ def values() -> list[Case]:
         Case("wrong model", "make-training-graph of a training step", ("make-training-graph", "step.onnx", "-o", "out.onnx",
              "--loss", "cross-entropy", "--in-graph-optimizer"), exits=(0, 2)),
         Case("wrong model", "optimize of a plan", ("optimize", "plan.json", "-o", "out.json"), says="plan.json"),
+        Case("wrong model", "train --resume from a checkpoint of another seed",
+             ("train", *STEP, "--steps", "3", "--checkpoint-dir", "ck", "--resume", "--seed", "1"),
+             says="is not of this run", setup=checkpointed),
+        Case("wrong model", "train --resume past a corrupt newest checkpoint",
+             ("train", *STEP, "--steps", "3", "--checkpoint-dir", "ck", "--resume"), exits=(0,),
+             says="passed over: step-2", setup=checkpointed_then_corrupt),
+        Case("bad value", "train --checkpoint-dir that is a file", ("train", *STEP, "--checkpoint-dir", "plan.json"),
+             says="not a directory"),
+        Case("bad value", "train --resume without --checkpoint-dir", ("train", *STEP, "--resume"), says="--checkpoint-dir"),
     ]
     return cases
 
@@ -329,7 +352,7 @@ def values() -> list[Case]:
 
 FS_WRITES = [("make-training-graph", "out.onnx"), ("optimize", "out.json"), ("emulate", "out.onnx"),
              ("shard", "out.onnx"), ("lower", "out.onnx"), ("train", "out.onnx"), ("train --ranks", "out.npz"),
-             ("remat", "out.json")]
+             ("remat", "out.json"), ("train", "ck")]
 
 
 def file_systems() -> list[Case]:
@@ -337,6 +360,11 @@ def file_systems() -> list[Case]:
     for mount, said in (("full", "no space left"), ("read-only", "read-only file system")):
         for command, output in FS_WRITES:
             replace = {output: f"small/{output}"}
+            if output == "ck":  # checkpoints there (the weights elsewhere): exit 1, the run's state not kept
+                cases.append(Case("file system", f"train: checkpoints on a {mount} file system",
+                                  ("train", *STEP, "--steps", "2", "--checkpoint-dir", "small/ck"), exits=(1, 2),
+                                  says=said, mount=mount))
+                continue
             if command == "train":  # both outputs there: the weights fit a full one, the model does not
                 replace["out.safetensors"] = "small/out.safetensors"
             small = mount == "full" and command == "train"  # the weights written, then no room for the model

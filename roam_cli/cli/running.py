@@ -8,7 +8,8 @@ import click
 from roam_cli.cli import RATE, SECONDS, Progress, cli, out
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
-from roam_cli.core.fileio import check_outputs
+from roam_cli.core.fileio import check_output_folder, check_outputs
+from roam_cli.runtime import checkpoints
 
 
 @cli.command()
@@ -84,10 +85,20 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--start-timeout", default=120.0, show_default=True, type=SECONDS,
               help="With --ranks: the longest a rank may be silent while it starts (imports, MPI, building its "
                    "session: minutes on a large step); past it the rank is hung, and every rank is stopped.")
+@click.option("--checkpoint-dir", "checkpoint_dir", type=click.Path(path_type=Path),
+              help="Write checkpoints here as the run goes (step-K folders: the state and a manifest with checksums).")
+@click.option("--checkpoint-every", default=100, show_default=True, type=click.IntRange(min=1), metavar="K",
+              help="With --checkpoint-dir: a checkpoint every K steps, and after the last.")
+@click.option("--checkpoint-keep", default=3, show_default=True, type=click.IntRange(min=1), metavar="N",
+              help="With --checkpoint-dir: the newest N checkpoints are kept.")
+@click.option("--resume", is_flag=True,
+              help="Continue from the newest complete checkpoint in --checkpoint-dir (from step 1 when there is none) "
+                   "to --steps in all: the result is bit for bit an uninterrupted run's.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-          allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, as_json):
+          allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, checkpoint_dir, checkpoint_every,
+          checkpoint_keep, resume, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -111,6 +122,14 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     parameters are gathered whole at the end. A rank that dies or hangs (no step within --timeout)
     stops every rank: one line naming it, exit 1, nothing written.
 
+    With --checkpoint-dir, the run's state (parameters, optimizer state, step counter, loss scale)
+    is checkpointed every --checkpoint-every steps and after the last, each checkpoint written whole
+    or not at all; --resume continues from the newest complete one (a corrupt or partial one is
+    passed over, and said) to --steps in all, on the same step, seed and --inputs (another run's
+    checkpoint is refused). A run killed at any moment and resumed ends with the parameters of a run
+    never interrupted, bit for bit. A resumed run that has nothing left to run gives its weights
+    back all the same (--save-weights, --save-model).
+
     \b
     Examples:
       roam train step.onnx --plan plan.json --steps 20
@@ -118,6 +137,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
       roam train step.onnx --plan plan.json --allow-unplanned
       roam train step.onnx --plan plan.json --steps 100 --save-weights trained.safetensors --save-model trained.onnx
       roam train rank_step.onnx --plan rank_plan.json --ranks 4 --steps 20 --compare
+      roam train step.onnx --plan plan.json --steps 10000 --checkpoint-dir ckpt --checkpoint-every 500 --resume
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
@@ -126,6 +146,15 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     # the starting weights are read from --inputs, else from the export the step records (an input too)
     read = [p for p in (model, plan_path, inputs_path) if p is not None]
     check_outputs(outputs, read)
+    checkpointing = None
+    if checkpoint_dir is not None:
+        check_output_folder(checkpoint_dir, [], read)
+        checkpointing = checkpoints.Options(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
+    elif resume:
+        raise RoamError("--resume continues from the checkpoints in --checkpoint-dir: name it")
+    if checkpointing is not None and ranks is not None:
+        raise RoamError("--checkpoint-dir with --ranks: a rank run's checkpoints are not written yet; "
+                        "checkpoint a run on one process")
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     if ranks is not None:
@@ -134,7 +163,8 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
                           allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
-                          save_weights=save_weights, save_model=save_model)
+                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing,
+                          say=None if obj["quiet"] or as_json else lambda line: out.print(line, highlight=False, soft_wrap=True))
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:

@@ -130,9 +130,12 @@ def refuse_taken(out: Path, taken: list[tuple[Path, str]]) -> Path:
     if out.is_dir():
         raise RoamError(f"cannot write {out}: it is a directory")
     if not os.access(parent, os.W_OK) or (out.exists() and not os.access(out, os.W_OK)):
-        read_only = os.statvfs(parent).f_flag & os.ST_RDONLY
-        raise RoamError(f"cannot write {out}: " + ("read-only file system" if read_only else "permission denied"))
+        raise RoamError(f"cannot write {out}: {why_unwritable(parent)}")
     return out
+
+
+def why_unwritable(folder: Path) -> str:
+    return "read-only file system" if os.statvfs(folder).f_flag & os.ST_RDONLY else "permission denied"
 
 
 def check_output_folder(folder: str | os.PathLike, files: list[Path], inputs: list[str | os.PathLike]) -> None:
@@ -150,7 +153,7 @@ def check_output_folder(folder: str | os.PathLike, files: list[Path], inputs: li
     if not ancestor.is_dir():
         raise RoamError(f"cannot make {folder}: {ancestor} is not a directory")
     if not os.access(ancestor, os.W_OK):
-        raise RoamError(f"cannot make {folder}: permission denied")
+        raise RoamError(f"cannot make {folder}: {why_unwritable(ancestor)}")
 
 
 def make_folder(folder: str | os.PathLike) -> None:

@@ -50,15 +50,17 @@ SEEDED_OPS = {("", "Dropout"): int, ("com.microsoft", "BitmaskDropout"): int, ("
 ARENA_NAMES = {"cpu": "Cpu", "cuda": "Cuda"}  # the device arena's name in ORT's BFCArena log lines
 
 
+def random_op(n: onnx.NodeProto) -> bool:
+    return (n.domain if n.domain != "ai.onnx" else "", n.op_type) in SEEDED_OPS
+
+
 def seed_random_ops(model: onnx.ModelProto, seed: int) -> int:
     """Give each random op without a seed its own, numbered by node name (any node order gets the same)."""
-    def op(n):
-        return n.domain if n.domain != "ai.onnx" else "", n.op_type
-
     unseeded = sorted((n for n in model.graph.node
-                       if op(n) in SEEDED_OPS and not any(a.name == "seed" for a in n.attribute)), key=lambda n: n.name)
+                       if random_op(n) and not any(a.name == "seed" for a in n.attribute)), key=lambda n: n.name)
     for k, n in enumerate(unseeded):
-        n.attribute.append(helper.make_attribute("seed", SEEDED_OPS[op(n)](seed + k)))
+        kind = SEEDED_OPS[(n.domain if n.domain != "ai.onnx" else "", n.op_type)]
+        n.attribute.append(helper.make_attribute("seed", kind(seed + k)))
     return len(unseeded)
 
 

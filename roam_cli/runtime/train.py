@@ -38,7 +38,7 @@ from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
-from roam_cli.runtime import collectives, shards, weights
+from roam_cli.runtime import checkpoints, collectives, shards, weights
 from roam_cli.runtime.allocator import ALIGNMENT, ArenaAllocator, planned_requests, slow_nodes
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
@@ -48,6 +48,7 @@ from roam_cli.runtime.execute import (
     in_order,
     input_specs,
     kernel_spans,
+    random_op,
     seed_random_ops,
 )
 
@@ -127,6 +128,7 @@ class PlannedSession:
             if collective:
                 model = collectives.runnable(model, {name: v.dtype for name, v in self.graph.values.items()})
             seed_random_ops(model, seed)
+            self.random_ops = sum(random_op(n) for n in model.graph.node)
             config = (config or {}) | locate_weights(model, imported.path.resolve().parent)
             planned = planned_requests(self.graph, plan) if ordered and recomputing else None
             self.session = self._session(model, ordered, allocator, log_arena, config, planned, plan, collective,
@@ -396,11 +398,13 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
           log_arena: bool = True, allow_unplanned: bool = False, on_step=None, save_weights: Path | None = None,
-          save_model: Path | None = None) -> dict:
+          save_model: Path | None = None, checkpointing: checkpoints.Options | None = None, say=None) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order and arena) and the differences. Plain values out. The weights start
     from the inference export the step was made from (`weights.Source`), where it can be read;
-    `save_weights` and `save_model` write the trained parameters (`weights.save_trained`)."""
+    `save_weights` and `save_model` write the trained parameters (`weights.save_trained`);
+    `checkpointing` writes checkpoints as the run goes and resumes from the newest (`checkpoints`),
+    `say` is told of a resume in one line."""
     report = on_step or (lambda result: None)
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
@@ -417,8 +421,10 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
                             "not there")
         arrays = read_batches(inputs_path, planned)
         exported, unread = exported_values(planned, arrays)
+        run = checkpoints.Run(pair.source(plan)["sha256"], seed,
+                              checkpoints.sha256_of(inputs_path) if inputs_path else None)
         figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
-                            allocator, compare, report)
+                            allocator, compare, report, checkpointing and checkpoints.Checkpointing(checkpointing, run, say))
         figures["weights_from"] = str(planned.source.path) if exported else None
         figures["weights_unread"] = unread
         figures["non_finite_inputs"] = sorted(name for name, a in arrays.items()
@@ -433,26 +439,31 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
 
 
 def run_steps(planned, model_path, plan, steps, device, arrays, seed, learning_rate, allocator, compare,
-              report) -> dict:
+              report, checkpointing: checkpoints.Checkpointing | None = None) -> dict:
     kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
+    start, first, resumed = checkpointing.resume(start, planned.random_ops) if checkpointing else (start, 1, None)
     planned.set_state(start)
+    planned.steps = first - 1  # the run's step numbers: a resumed run goes on from its checkpoint's
     rows = []
-    for k in range(1, steps + 1):
+    for k in range(first, steps + 1):
         result = planned.step(batch_for(k, start, arrays, planned))
         rows.append(result)
         report(result)
+        if checkpointing:
+            checkpointing.after(k, steps, planned.state_arrays)
     figures = {
         "model": str(model_path), "provider": device, "allocator": allocator, "steps": steps, "seed": seed,
         "synthesised_inputs": synthesised,
         "plan": {"arena_bytes": plan["arena_bytes"], "peak_live_bytes": plan["peak_live_bytes"],
                  "persistent_bytes": plan["persistent_bytes"]} | ({"tiers": {key: plan["tiers"][key] for key in ("slow", "arena_bytes", "persistent_bytes")}}
                     if "tiers" in plan else {}),
+        "resumed": resumed,
         "per_step": [{"step": r.number, "outputs": {n: v.tolist() for n, v in r.outputs.items() if v.size == 1},
                       "seconds": r.seconds, "memory": r.memory} for r in rows],
         "arena": planned.arena.layout if planned.arena else None,
     }
-    if compare:
+    if compare and rows:
         figures["compare"] = compare_with_plain(model_path, plan, start, lambda k, s: batch_for(k, start, arrays, s),
                                                 rows, planned, device, seed)
     return figures
@@ -540,6 +551,11 @@ def render_weights(result: dict, console, saved_weights: str) -> None:
 
 def render_summary(result: dict, console) -> None:
     rows = result["per_step"]
+    if not rows:  # resumed after the last step: what is left is to give the weights back
+        console.print(f"the {result['steps']} steps were done before (resumed after step {result['resumed']['step']}): "
+                      "nothing left to run", highlight=False, soft_wrap=True)
+        render_weights(result, console, "trained weights")
+        return
     later = rows[1:] or rows
     unplanned = sum(r["memory"].get("unplanned", 0) for r in later)
     line = (f"{result['steps']} steps on {result['provider']} with the {result['allocator']} allocator; "
