@@ -51,7 +51,7 @@ class Finding:
     rule_error: float  # float64 gradient against the differences, relative to the gradient's norm
     uncertainty: float  # the differences' own, on the same scale
     float32_error: float  # the graph as it runs against float64, relative
-    kink: str | None = None  # the edge every difference step crossed (the rule is then unchecked)
+    kink: str | None = None  # the edge every difference step crossed, the rule not holding across it: unchecked
 
     def rule_ok(self, tolerance: float) -> bool:
         return self.kink is not None or self.rule_error <= max(tolerance, 10 * self.uncertainty)
@@ -149,7 +149,10 @@ def check(path: Path, given: dict[str, np.ndarray], seed: int = 0, loss: str | N
         derivative, uncertainty, kink = ridders(forward, wide_values, p, direction,
                                                 max(np.linalg.norm(wide_values[p]), 1.0), sides)
         scale = max(np.linalg.norm(exact[k]), floor)
-        findings.append(Finding(p, abs(float(np.vdot(exact[k], direction)) - derivative) / scale, uncertainty / scale,
+        error = abs(float(np.vdot(exact[k], direction)) - derivative) / scale
+        if kink is not None and error <= max(tolerance, 10 * uncertainty / scale):
+            kink = None  # every difference crossed an edge, and the rule held all the same: checked
+        findings.append(Finding(p, error, uncertainty / scale,
                                 float(np.linalg.norm(as_run[k + 1].astype(np.float64) - exact[k]) / scale), kink))
     return Report(loss, float(np.ravel(as_run[0])[0]), float(np.ravel(g64[0])[0]), runner, findings,
                   [x for x in synthesised if x in read],
@@ -387,19 +390,27 @@ def ridders(forward, values: dict[str, np.ndarray], parameter: str, direction: n
     pair of neighbours extrapolated (Richardson, h and h/4), and the extrapolation that agrees best
     with the one before it kept. Large steps suit a parameter whose effect is small (rounding
     dominates), small ones a badly conditioned loss (truncation dominates). A difference across an
-    edge (a kink: Relu's zero, Clip's bounds, ...) measures a jump: only those that cross none are used."""
+    edge (a kink: Relu's zero, Clip's bounds, ...) measures a jump: only pairs that cross none are
+    used; where every pair crosses one, all are, and the edge is returned with the estimate."""
     plain = [difference(forward, values, parameter, direction, step * size, sides) for step in STEPS]
-    pairs = [k for k in range(len(STEPS) - 1) if not plain[k][1] and not plain[k + 1][1]]
+    smooth = [k for k in range(len(STEPS) - 1) if not plain[k][1] and not plain[k + 1][1]]
+    if smooth:
+        return *extrapolate(plain, smooth), None
+    # every pair crosses an edge: the estimate of them all, and the edge (the caller tells whether it held)
+    node, count = plain[-1][1][0] if plain[-1][1] else next(c for _, c in plain if c)[0]
+    return *extrapolate(plain, list(range(len(STEPS) - 1))), f"{node} ({count} element{'s' if count > 1 else ''})"
+
+
+def extrapolate(plain: list[tuple[float, list]], pairs: list[int]) -> tuple[float, float]:
+    """Richardson over the neighbouring `pairs` of differences: the extrapolation agreeing best with
+    the one before it, and how far they disagree (one alone: as far as its two differences do)."""
     extrapolated = {k: (16 * plain[k + 1][0] - plain[k][0]) / 15 for k in pairs}
     compared = [k for k in pairs if k - 1 in extrapolated]
     if compared:
         best = min(compared, key=lambda k: abs(extrapolated[k] - extrapolated[k - 1]))
-        return extrapolated[best], abs(extrapolated[best] - extrapolated[best - 1]), None
-    if pairs:  # one extrapolation: as uncertain as its two differences disagree
-        k = pairs[-1]
-        return extrapolated[k], abs(plain[k + 1][0] - plain[k][0]), None
-    node, count = plain[-1][1][0] if plain[-1][1] else next(c for _, c in plain if c)[0]
-    return math.nan, math.nan, f"{node} ({count} element{'s' if count > 1 else ''})"
+        return extrapolated[best], abs(extrapolated[best] - extrapolated[best - 1])
+    k = pairs[-1]
+    return extrapolated[k], abs(plain[k + 1][0] - plain[k][0])
 
 
 def difference(forward, values: dict[str, np.ndarray], parameter: str, direction: np.ndarray, step: float,
