@@ -22,6 +22,7 @@ import hashlib
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -225,7 +226,7 @@ def run_case(case: Case, fixtures: Path, work: Path, run: Runner) -> dict:
     finally:
         for pid in processes_in(folder):
             with contextlib.suppress(ProcessLookupError):
-                os.kill(int(pid.split()[0]), 9)
+                os.kill(int(pid.split()[0]), signal.SIGKILL)
         if mounted:
             subprocess.run(["umount", "-l", str(folder / "small")], capture_output=True, check=False)
         shutil.rmtree(folder, ignore_errors=True)
