@@ -15,6 +15,8 @@ import os
 import pickle
 import random
 import signal
+import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -241,8 +243,6 @@ def weights_with(value: float) -> Callable[[Path], None]:
 
 def checkpointed(folder: Path) -> None:
     """ck/ holding the checkpoints of a 2-step run of the step (seed 0): step-1 and step-2."""
-    import subprocess
-    import sys
     subprocess.run([sys.executable, "-m", "roam_cli", "-q", "train", *STEP, "--steps", "2", "--checkpoint-dir", "ck",
                     "--checkpoint-every", "1"], cwd=folder, check=True, capture_output=True)
 

@@ -74,4 +74,4 @@ def edge_of(n: onnx.NodeProto, edge, name: str, float_type: int, g: onnx.GraphPr
 def crossed(sides: list[np.ndarray], at: list[np.ndarray], nodes: list[str]) -> list[tuple[str, int]]:
     """The nodes whose sides differ between two runs, and at how many elements."""
     return [(node, int(np.count_nonzero(np.asarray(a) != np.asarray(b))))
-            for node, a, b in zip(nodes, sides, at) if np.shape(a) != np.shape(b) or np.any(np.asarray(a) != np.asarray(b))]
+            for node, a, b in zip(nodes, sides, at, strict=True) if np.shape(a) != np.shape(b) or np.any(np.asarray(a) != np.asarray(b))]

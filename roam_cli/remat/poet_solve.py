@@ -180,7 +180,7 @@ class Greedy:
 
     def plan(self) -> tuple[Plan, dict]:
         """The plan of the decisions, and each value's gaps {i: [(first stage held, read stage)]}."""
-        p, g, T = self.p, self.g, self.p.T
+        g, T = self.g, self.p.T
         comp = [{t} | self.extra[t] for t in range(T)]
         held, disk, pin, pout = ([set() for _ in range(T)] for _ in range(4))
         computed: list[list[int]] = [[] for _ in range(T)]

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -161,7 +162,7 @@ class Checkpointing:
     """The run's checkpoint options, the run a checkpoint must match, and who hears of a resume."""
     options: Options
     run: Run
-    say: object = None
+    say: Callable[[str], None] | None = None
 
     def resume(self, start: dict[str, np.ndarray], random_ops: int) -> tuple[dict[str, np.ndarray], int, dict | None]:
         """(the starting state, the first step to run, what was resumed) from the newest checkpoint
