@@ -252,11 +252,16 @@ class Run:
         """While the ranks start: (whether some rank is still starting, the rank hung while starting)."""
         statuses = [self.status(r) for r in range(self.ranks)]
         silent = [r for r, s in enumerate(statuses) if s is None]
-        if silent:
-            late = seconds > self.start_timeout
-            return True, (f"rank {silent[0]} hung while starting (it never reported in {self.start_timeout:g} s; "
-                          "--start-timeout)") if late else None
         now = time.time()
+        if silent:
+            if seconds <= self.start_timeout:
+                return True, None
+            # one that reported and was then stopped keeps the silent ones waiting (inside MPI_Init)
+            stopped = [r for r, s in enumerate(statuses) if s is not None and is_stopped(s)]
+            if stopped:
+                r = stopped[0]
+                return True, f"rank {r} hung while starting (stopped; no heartbeat for {now - statuses[r]['time']:.1f} s)"
+            return True, f"rank {silent[0]} hung while starting (it never reported in {self.start_timeout:g} s; --start-timeout)"
         stale = [r for r, s in enumerate(statuses) if s["phase"] == "start" and now - s["time"] > self.start_timeout]
         if stale:
             r = self.culprit(stale, statuses, now)
@@ -268,7 +273,7 @@ class Run:
         """Of the ranks whose heartbeat stopped, the one to blame: a stopped process (SIGSTOP, a
         terminal's Ctrl-Z) first, since a rank blocked inside MPI waiting for it stops beating too
         (MPI_Init holds the interpreter), else the one silent longest."""
-        stopped = [r for r in silent if process_state(statuses[r]["pid"]) in ("T", "t")]
+        stopped = [r for r in silent if is_stopped(statuses[r])]
         return stopped[0] if stopped else max(silent, key=lambda r: now - statuses[r]["time"])
 
     def hung(self) -> str:
@@ -337,6 +342,11 @@ class Run:
         except subprocess.TimeoutExpired:
             os.killpg(self.proc.pid, signal.SIGKILL)
             self.proc.wait()
+
+
+def is_stopped(status: dict) -> bool:
+    """The rank whose status this is, is a stopped process (SIGSTOP, a terminal's Ctrl-Z)."""
+    return process_state(status["pid"]) in ("T", "t")
 
 
 def process_state(pid: int) -> str | None:
