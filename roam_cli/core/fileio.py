@@ -50,6 +50,12 @@ def read_arrays(path: str | os.PathLike, option: str) -> dict:
 SOURCE_KEY = "roam.source"
 
 
+def source_record(model: onnx.ModelProto) -> dict | None:
+    """The step's SOURCE_KEY record as JSON, or None where it has none."""
+    record = next((p.value for p in model.metadata_props if p.key == SOURCE_KEY), None)
+    return None if record is None else json.loads(record)
+
+
 def external_data_files(model: onnx.ModelProto) -> set[str]:
     """The files, relative to the model's folder, that hold its initializers' external data."""
     return {kv.value for t in model.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL
@@ -68,9 +74,8 @@ def with_data_files(path: str | os.PathLike) -> list[Path]:
     except Exception:  # not ONNX after all: the command reading it says so
         return [path]
     files = [path] + [path.parent / f for f in sorted(external_data_files(model))]
-    record = next((p.value for p in model.metadata_props if p.key == SOURCE_KEY), None)
     with contextlib.suppress(ValueError, KeyError, TypeError):  # a record roam cannot read names no file
-        export = path.parent / json.loads(record)["model"]
+        export = path.parent / source_record(model)["model"]
         if export.resolve() != path.resolve():
             files += with_data_files(export)
     return files

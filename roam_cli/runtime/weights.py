@@ -31,7 +31,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from roam_cli.core.errors import RoamError, first_line
-from roam_cli.core.fileio import SOURCE_KEY, write_all_atomic
+from roam_cli.core.fileio import source_record, write_all_atomic
 from roam_cli.frontend.recover import underived
 
 SAFETENSORS_DTYPES = {"float32": "F32", "float16": "F16", "float64": "F64", "int64": "I64", "int32": "I32",
@@ -65,10 +65,9 @@ class Source:
 
 def source_of(model: onnx.ModelProto, folder: Path) -> Source | None:
     """The step's recorded inference export (None for a step roam did not make from one)."""
-    record = next((p.value for p in model.metadata_props if p.key == SOURCE_KEY), None)
-    if record is None:
+    r = source_record(model)
+    if r is None:
         return None
-    r = json.loads(record)
     return Source(folder / r["model"], {c: (p, perm) for c, (p, perm) in r["derived"].items()}, r["tied"])
 
 
