@@ -271,9 +271,10 @@ class Run:
     @staticmethod
     def culprit(silent: list[int], statuses: list[dict], now: float) -> int:
         """Of the ranks whose heartbeat stopped, the one to blame: a stopped process (SIGSTOP, a
-        terminal's Ctrl-Z) first, since a rank blocked inside MPI waiting for it stops beating too
-        (MPI_Init holds the interpreter), else the one silent longest."""
-        stopped = [r for r in silent if is_stopped(statuses[r])]
+        terminal's Ctrl-Z) first, silent yet or not (a rank blocked inside MPI waiting for it stops
+        beating too, MPI_Init holding the interpreter, and may have stopped beating before it),
+        else the one silent longest."""
+        stopped = [r for r, s in enumerate(statuses) if s is not None and is_stopped(s)]
         return stopped[0] if stopped else max(silent, key=lambda r: now - statuses[r]["time"])
 
     def hung(self) -> str:

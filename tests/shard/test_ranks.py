@@ -293,6 +293,12 @@ def test_of_two_silent_ranks_the_stopped_one_is_blamed_though_the_other_is_silen
             (tmp_path / f"rank{r}.status").write_text(json.dumps({"pid": pid, "time": now - age, "phase": "start",
                                                                   "entered": 0, "left": 0}))
         assert run.start_hang(seconds=200)[1].startswith("rank 1 hung while starting (no heartbeat for 6.")
+        (tmp_path / "rank1.status").write_text(json.dumps({"pid": stopped.pid, "time": now - 2, "phase": "start",
+                                                           "entered": 0, "left": 0}))
+        # stopped after rank 0 went quiet inside MPI_Init: not silent long enough yet, still the one named
+        assert run.start_hang(seconds=200)[1].startswith("rank 1 hung while starting (no heartbeat for 2.")
+        (tmp_path / "rank1.status").write_text(json.dumps({"pid": stopped.pid, "time": now - 6, "phase": "start",
+                                                           "entered": 0, "left": 0}))
         (tmp_path / "rank0.status").unlink()  # rank 0 never reported, waiting for the stopped one: rank 1 named
         assert run.start_hang(seconds=200)[1].startswith("rank 1 hung while starting (stopped; no heartbeat for 6.")
         (tmp_path / "rank0.status").write_text(json.dumps({"pid": os.getpid(), "time": now - 9, "phase": "start",
