@@ -199,7 +199,8 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
     # settles as fast as one at the gap's height (T5-small's free step: 0.075 % -> 0 in less time)
     # (every height is a sum of sizes, so a multiple of their gcd: where the gap is narrower than
     # that, a probe at its height is the probe at the target, and gets the long share)
-    at_target_first = minimise and good - target >= math.gcd(*(b[2] for b in sub)) and best_h > target
+    unit = math.gcd(*(b[2] for b in sub)) or 1
+    at_target_first = minimise and good - target >= unit and best_h > target
     goal = target if at_target_first else good  # then the gap's height: any layout that low will do
     proven_lo = lo  # every height below this is proven impossible
     long_probes = 0
@@ -233,11 +234,12 @@ def solve_piece(sub, best_off, target, lb, deadline, jobs, minimise, say, solver
             continue
         # bisection between the smallest height not yet ruled out and the incumbent (a probe
         # that ran out of time rules its target out too -- without proof)
+        # (in multiples of the sizes' gcd, as every height is: a probe between two is wasted)
         if status != "solved":
-            lo = goal + 1
+            lo = -(-(goal + 1) // unit) * unit
         if lo >= best_h:
             break
-        goal = (lo + best_h - 1) // 2
+        goal = max(lo, (lo + best_h - 1) // 2 // unit * unit)
     if best_h <= lb:
         status_final = "optimal"
     elif proven_lo >= best_h:
