@@ -249,7 +249,7 @@ def checkpointed(folder: Path) -> None:
 
 def checkpointed_then_corrupt(folder: Path) -> None:
     checkpointed(folder)
-    state = folder / "ck" / "step-2" / "state.npz"
+    state = folder / "ck" / "step-2" / "rank0.npz"
     state.write_bytes(state.read_bytes()[:1000])
 
 
@@ -352,7 +352,7 @@ def values() -> list[Case]:
 
 FS_WRITES = [("make-training-graph", "out.onnx"), ("optimize", "out.json"), ("emulate", "out.onnx"),
              ("shard", "out.onnx"), ("lower", "out.onnx"), ("train", "out.onnx"), ("train --ranks", "out.npz"),
-             ("remat", "out.json"), ("train", "ck")]
+             ("remat", "out.json"), ("train", "ck"), ("train --ranks", "ck")]
 
 
 def file_systems() -> list[Case]:
@@ -361,9 +361,10 @@ def file_systems() -> list[Case]:
         for command, output in FS_WRITES:
             replace = {output: f"small/{output}"}
             if output == "ck":  # checkpoints there (the weights elsewhere): exit 1, the run's state not kept
-                cases.append(Case("file system", f"train: checkpoints on a {mount} file system",
-                                  ("train", *STEP, "--steps", "2", "--checkpoint-dir", "small/ck"), exits=(1, 2),
-                                  says=said, mount=mount))
+                argv = (("train", *STEP) if command == "train" else RANKS_ARGV) + ("--steps", "2", "--checkpoint-dir",
+                                                                                    "small/ck")
+                cases.append(Case("file system", f"{command}: checkpoints on a {mount} file system", argv, exits=(1, 2),
+                                  says=said, mount=mount, needs="mpi" if "--ranks" in command else None))
                 continue
             if command == "train":  # both outputs there: the weights fit a full one, the model does not
                 replace["out.safetensors"] = "small/out.safetensors"
@@ -383,8 +384,8 @@ LONG = {"optimize": ("optimize", "step.onnx", "-o", "out.json", "--annotated-mod
         "make-training-graph": COMMANDS["make-training-graph"], "emulate": COMMANDS["emulate"],
         "shard": COMMANDS["shard"], "remat": ("remat", "remat.graph.json", "--budget-fraction", "0.5", "-o", "out.json",
                                                "--time-limit", "20")}
-RANKS_LONG = ("train", "rank.onnx", "--plan", "rank_plan.json", "--ranks", "2", "--steps", "100000", "--timeout", "3",
-              "--start-timeout", "5", "--save-weights", "out.npz")
+RANKS_ARGV = ("train", "rank.onnx", "--plan", "rank_plan.json", "--ranks", "2")
+RANKS_LONG = (*RANKS_ARGV, "--steps", "100000", "--timeout", "3", "--start-timeout", "5", "--save-weights", "out.npz")
 RANKS4_LONG = ("train", "rank4.onnx", "--plan", "rank4_plan.json", "--ranks", "4", "--steps", "100000", "--timeout", "30",
                "--save-weights", "out.npz")
 
@@ -415,6 +416,12 @@ def signals() -> list[Case]:
     for r in (1, 2, 3):
         cases.append(Case("signal", f"train --ranks 4: SIGKILL to rank {r} at step 3", RANKS4_LONG, exits=(1,),
                           says=f"rank {r} died in step", defect=10, signal=Signal(f"rank {r}", K, "step 3"), needs="mpi"))
+    for target, sig, said in (("rank 1", K, "rank 1 died in step"), ("rank 0", S, "rank 0 hung")):
+        # under --restarts the run goes on from its newest checkpoint, and ends
+        cases.append(Case("signal", f"train --ranks 2 --restarts 1: {sig.name} to {target} at step 3",
+                          (*RANKS_ARGV, "--steps", "20", "--timeout", "3", "--checkpoint-dir", "ck",
+                           "--checkpoint-every", "2", "--restarts", "1", "--save-weights", "out.npz"), exits=(0,),
+                          says=f"{said}", signal=Signal(target, sig, "step 3"), needs="mpi"))
     return cases
 
 

@@ -94,11 +94,14 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--resume", is_flag=True,
               help="Continue from the newest complete checkpoint in --checkpoint-dir (from step 1 when there is none) "
                    "to --steps in all: the result is bit for bit an uninterrupted run's.")
+@click.option("--restarts", default=0, show_default=True, type=click.IntRange(min=0), metavar="R",
+              help="With --ranks and --checkpoint-dir: a group that lost a rank (it died or hung) starts again from "
+                   "the newest checkpoint, at most R times.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
           allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, checkpoint_dir, checkpoint_every,
-          checkpoint_keep, resume, as_json):
+          checkpoint_keep, resume, restarts, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -152,19 +155,20 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
         checkpointing = checkpoints.Options(checkpoint_dir, checkpoint_every, checkpoint_keep, resume)
     elif resume:
         raise RoamError("--resume continues from the checkpoints in --checkpoint-dir: name it")
-    if checkpointing is not None and ranks is not None:
-        raise RoamError("--checkpoint-dir with --ranks: a rank run's checkpoints are not written yet; "
-                        "checkpoint a run on one process")
+    if restarts and ranks is None:
+        raise RoamError("--restarts starts a group of --ranks again: one process is restarted by resuming it "
+                        "(--resume)")
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
+    say = None if obj["quiet"] or as_json else lambda line: out.print(line, highlight=False, soft_wrap=True)
     if ranks is not None:
         return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
-                           compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show)
+                           compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show,
+                           checkpointing, restarts, say)
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
                           allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
-                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing,
-                          say=None if obj["quiet"] or as_json else lambda line: out.print(line, highlight=False, soft_wrap=True))
+                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing, say=say)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:
@@ -176,7 +180,8 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
 
 
 def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
-                allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show):
+                allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show, checkpointing,
+                restarts, say):
     """`roam train --ranks N`."""
     from roam_cli.runtime import ranks as rank_run
 
@@ -190,7 +195,8 @@ def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator
                                   allow_unplanned=allow_unplanned, timeout=timeout, start_timeout=start_timeout,
                                   on_step=(lambda row: out.print(rank_run.render_step(row, steps), highlight=False,
                                                                  soft_wrap=True)) if show else None,
-                                  save_weights=save_weights, save_model=save_model)
+                                  save_weights=save_weights, save_model=save_model, checkpointing=checkpointing,
+                                  restarts=restarts, say=say)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:

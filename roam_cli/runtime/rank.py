@@ -29,7 +29,7 @@ import numpy as np
 
 from roam_cli.core.collectives import COLLECTIVES
 from roam_cli.core.errors import CheckFailed, RoamError, first_line
-from roam_cli.runtime import collectives
+from roam_cli.runtime import checkpoints, collectives
 from roam_cli.runtime.execute import input_specs
 from roam_cli.runtime.train import (PlannedSession, StepResult, batch_for, compare_with_plain, exported_values,
                                      read_batches, starting_values)
@@ -120,15 +120,28 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         start, synthesised = starting_values(session, {**exported, **arrays}, job["seed"], job["learning_rate"], kinds,
                                              specs)
         mine = {name: layout.of_rank(name, value, rank) for name, value in start.items()}
+        checkpointing, first = None, 1
+        if job["checkpoint"]:
+            c = job["checkpoint"]
+            whole = {name: [dtype, list(shape)] for name, dtype, shape in specs}
+            checkpointing = checkpoints.Checkpointing(
+                checkpoints.Options(Path(c["folder"]), c["every"], c["keep"], False), checkpoints.Run(*c["run"]),
+                inputs=whole, layout=layout, comm=comm)
+            if c["resume"]:  # the launcher chose it (its checksums hold): this rank's part, re-sharded if need be
+                found = checkpoints.Checkpoint(c["resume"]["step"], Path(c["resume"]["folder"]), c["resume"]["manifest"])
+                mine, first = {**mine, **found.state(whole, layout, rank)}, found.step + 1
         session.set_state(mine)
+        session.steps = first - 1  # the run's step numbers: a resumed run goes on from its checkpoint's
 
         def batch_of(k: int, s: PlannedSession) -> dict[str, np.ndarray]:
             return {name: layout.of_rank(name, v, rank) for name, v in batch_for(k, start, arrays, s, shapes).items()}
 
         reporter.begin("planned")
         rows = []
-        for k in range(1, job["steps"] + 1):
+        for k in range(first, job["steps"] + 1):
             rows.append(session.step(batch_of(k, session)))
+            if checkpointing:
+                checkpointing.after(k, job["steps"], session.state_arrays)
             reporter.step_done("planned", rows[-1])
         figures = {"rank": rank, "pid": os.getpid(), "synthesised_inputs": synthesised,
                    "weights_from": str(session.source.path) if exported else None, "weights_unread": unread,

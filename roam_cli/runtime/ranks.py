@@ -33,6 +33,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import astuple
 from pathlib import Path
 
 import numpy as np
@@ -42,7 +43,8 @@ from roam_cli.core.collectives import SHARDING_KEY
 from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import load_model
-from roam_cli.runtime import collectives, shards, weights
+from roam_cli import pair
+from roam_cli.runtime import checkpoints, collectives, shards, weights
 from roam_cli.runtime.train import RTOL, render_weights
 
 DEFAULT_TIMEOUT = 300.0
@@ -86,40 +88,88 @@ def check(model_path: Path, plan: dict, ranks: int) -> tuple[shards.Sharding, we
 def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_path: Path | None = None,
                 seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
                 allow_unplanned: bool = False, timeout: float = DEFAULT_TIMEOUT, start_timeout: float = START_S,
-                on_step=None, save_weights: Path | None = None, save_model: Path | None = None) -> dict:
+                on_step=None, save_weights: Path | None = None, save_model: Path | None = None,
+                checkpointing: checkpoints.Options | None = None, restarts: int = 0, say=None) -> dict:
     """Run `steps` steps of the rank step on `ranks` processes; the figures (as `train.train`'s, per
-    step the mean over ranks, per rank its allocator's figures)."""
+    step the mean over ranks, per rank its allocator's figures). With `checkpointing`, each rank
+    writes its part of a checkpoint as the run goes, and with `restarts` a group that lost a rank
+    (died, hung) is started again from the newest checkpoint, at most that many times, each said
+    to `say`."""
     if steps < 1:
         raise RoamError(f"--steps must be at least 1, got {steps}")
+    if restarts and checkpointing is None:
+        raise RoamError("--restarts starts the ranks again from their newest checkpoint: name --checkpoint-dir")
     if save_weights is not None:
         weights.check_weights_path(save_weights)
     layout, source = check(model_path, plan, ranks)
     if save_model is not None and (source is None or not source.path.is_file()):
         raise RoamError(f"--save-model: {model_path} does not record an inference export that is there "
                         "(roam make-training-graph records it)")
-    folder = Path(tempfile.mkdtemp(prefix="roam-ranks-"))
     job = {"model": str(model_path.resolve()), "plan": plan, "steps": steps,
            "inputs": str(inputs_path.resolve()) if inputs_path else None, "seed": seed, "learning_rate": learning_rate,
            "allocator": allocator, "compare": compare, "allow_unplanned": allow_unplanned, "launcher": os.getpid(),
-           "lifeline": f"roam-{folder.name}", "threads": max(1, len(os.sched_getaffinity(0)) // ranks)}
-    (folder / "job.json").write_text(json.dumps(job))
-    run = Run(folder, ranks, steps, timeout, start_timeout, job["lifeline"])
+           "threads": max(1, len(os.sched_getaffinity(0)) // ranks), "checkpoint": None}
+    keeper = None
+    if checkpointing is not None:
+        run_id = checkpoints.Run(pair.source(plan)["sha256"], ranks, seed,
+                                 checkpoints.sha256_of(inputs_path) if inputs_path else None)
+        keeper = checkpoints.Checkpointing(checkpointing, run_id, say)
+        made = not checkpointing.folder.exists()
+    rows: dict[int, dict] = {}  # every step run, by number: a restart runs some again
+    resumed, attempt = None, 0
     try:
-        per_rank = run.supervise(on_step or (lambda row: None))
-        figures = summary(run, per_rank, model_path, plan, allocator, seed)
-        trained = dict(np.load(folder / "weights.npz"))
-        return figures | weights.save_trained(save_weights, save_model, source, trained)
-    finally:
-        run.end()
-        shutil.rmtree(folder, ignore_errors=True)
+        while True:
+            if keeper is not None:
+                found = keeper.find() if checkpointing.resume or attempt else None
+                job["checkpoint"] = {"folder": str(checkpointing.folder.resolve()), "every": checkpointing.every,
+                                     "keep": checkpointing.keep, "run": list(astuple(keeper.run)),
+                                     "resume": found and {"step": found.step, "folder": str(found.folder.resolve()),
+                                                          "manifest": found.manifest}}
+                if found is not None and resumed is None:
+                    resumed = checkpoints.resumed(found)
+            folder = Path(tempfile.mkdtemp(prefix="roam-ranks-"))
+            job["lifeline"] = f"roam-{folder.name}"
+            (folder / "job.json").write_text(json.dumps(job))
+            run = Run(folder, ranks, steps, timeout, start_timeout, job["lifeline"],
+                      job["checkpoint"]["resume"]["step"] + 1 if job["checkpoint"] and job["checkpoint"]["resume"] else 1)
+            try:
+                per_rank = run.supervise(on_step or (lambda row: None))
+                rows.update((row["step"], row) for row in run.rows if row["phase"] == "planned")
+                run.rows = [rows[k] for k in sorted(rows)] + [row for row in run.rows if row["phase"] != "planned"]
+                figures = summary(run, per_rank, model_path, plan, allocator, seed) | {"resumed": resumed,
+                                                                                       "restarts": attempt}
+                trained = dict(np.load(folder / "weights.npz"))
+                return figures | weights.save_trained(save_weights, save_model, source, trained)
+            except GroupLost as e:
+                rows.update((row["step"], row) for row in run.rows if row["phase"] == "planned")
+                if attempt >= restarts:
+                    raise
+                attempt += 1
+                if say is not None:
+                    say(f"{e}; restart {attempt} of {restarts}")
+            finally:
+                run.end()
+                shutil.rmtree(folder, ignore_errors=True)
+                if keeper is not None:
+                    checkpoints.unfinished(checkpointing.folder)  # a write the stopped ranks left
+    except BaseException:
+        if keeper is not None and made and not checkpoints.complete(checkpointing.folder):
+            shutil.rmtree(checkpointing.folder, ignore_errors=True)  # made by this run, for nothing
+        raise
+
+
+class GroupLost(CheckFailed):
+    """A rank died or hung, or mpiexec was killed: what `--restarts` starts the group again after
+    (an error a rank reports would come again)."""
 
 
 class Run:
     """mpiexec and its ranks, seen through the files they write in `folder` (`rank.py`)."""
 
     def __init__(self, folder: Path, ranks: int, steps: int, timeout: float, start_timeout: float = START_S,
-                 lifeline: str | None = None):
+                 lifeline: str | None = None, first: int = 1):
         self.folder, self.ranks, self.steps, self.timeout = folder, ranks, steps, timeout
+        self.first = first  # the step this run starts at (after the checkpoint it resumes from)
         self.start_timeout = start_timeout
         self.lines: list[list[dict]] = [[] for _ in range(ranks)]  # each rank's steps finished
         self.read_to = [0] * ranks
@@ -181,7 +231,7 @@ class Run:
                 blame = "mpiexec is stopped (SIGSTOP, or a terminal's Ctrl-Z), so its ranks cannot go on"
             if blame:
                 self.end()
-                raise CheckFailed(f"{blame}; every rank was stopped")
+                raise GroupLost(f"{blame}; every rank was stopped")
             self.listen(POLL_S)
         if code == 0 and all((self.folder / f"rank{r}.json").is_file() for r in range(self.ranks)):
             return [json.loads((self.folder / f"rank{r}.json").read_text()) for r in range(self.ranks)]
@@ -244,7 +294,8 @@ class Run:
         phase = status["phase"] if status else "start"
         if phase in ("start", "gather"):
             return "while starting" if phase == "start" else "while gathering the weights"
-        done = sum(line["phase"] == phase for line in self.lines[r])
+        numbers = [line["step"] for line in self.lines[r] if line["phase"] == phase]
+        done = numbers[-1] if numbers else self.first - 1 if phase == "planned" else 0
         which = "" if phase == "planned" else " of the run without the plan"
         return f"in step {min(done + 1, self.steps)} of {self.steps}{which}"
 
@@ -302,7 +353,7 @@ class Run:
         for _ in range(len(self.lifelines) * 2):
             self.listen(0)  # the closings not yet read
         if code < 0:
-            return CheckFailed(f"mpiexec was killed by signal {-code}; every rank was stopped")
+            return GroupLost(f"mpiexec was killed by signal {-code}; every rank was stopped")
         errors = sorted((path.stat().st_mtime, int(path.stem[4:]), json.loads(path.read_text()))
                         for path in self.folder.glob("rank*.error"))
         if errors:
@@ -315,9 +366,9 @@ class Run:
         how = f"killed by signal {signalled.group(1)}" if signalled else f"mpiexec exit status {code}"
         dead = [r for r in self.dead if not (self.folder / f"rank{r}.json").is_file()]  # not one that finished
         if not dead:  # it died before it could connect
-            return CheckFailed(f"a rank died while starting ({how}); every rank was stopped")
+            return GroupLost(f"a rank died while starting ({how}); every rank was stopped")
         r = dead[0]
-        return CheckFailed(f"rank {r} died {self.where(r, self.status(r))} ({how}); every rank was stopped")
+        return GroupLost(f"rank {r} died {self.where(r, self.status(r))} ({how}); every rank was stopped")
 
     def end(self) -> None:
         """Every rank and mpiexec ended: each rank by its pid (it is in a session of its own; killed
@@ -391,8 +442,10 @@ def render_step(row: dict, steps: int) -> str:
 def render_summary(result: dict, console) -> None:
     rows = result["per_step"]
     later = rows[1:] or rows
-    console.print(f"{result['steps']} steps on {result['ranks']} ranks (cpu, {result['allocator']} allocator); median "
-                  f"step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms (slowest rank)",
+    console.print(f"{result['steps']} steps on {result['ranks']} ranks (cpu, {result['allocator']} allocator)"
+                  + (f"; median step {statistics.median(r['seconds'] for r in later) * 1e3:.1f} ms (slowest rank)"
+                     if rows else ": none left to run after the checkpoint")
+                  + (f"; {result['restarts']} restart(s)" if result.get("restarts") else ""),
                   highlight=False, soft_wrap=True)
     for k, rank in enumerate(result["per_rank"]):
         a = rank["arena"]

@@ -421,7 +421,7 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
                             "not there")
         arrays = read_batches(inputs_path, planned)
         exported, unread = exported_values(planned, arrays)
-        run = checkpoints.Run(pair.source(plan)["sha256"], seed,
+        run = checkpoints.Run(pair.source(plan)["sha256"], 1, seed,
                               checkpoints.sha256_of(inputs_path) if inputs_path else None)
         figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
                             allocator, compare, report, checkpointing and checkpoints.Checkpointing(checkpointing, run, say))
@@ -442,6 +442,8 @@ def run_steps(planned, model_path, plan, steps, device, arrays, seed, learning_r
               report, checkpointing: checkpoints.Checkpointing | None = None) -> dict:
     kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
     start, synthesised = starting_values(planned, arrays, seed, learning_rate, kinds)
+    if checkpointing:
+        checkpointing.inputs = {name: [dtype, list(shape)] for name, dtype, shape in input_specs(planned.graph)}
     start, first, resumed = checkpointing.resume(start, planned.random_ops) if checkpointing else (start, 1, None)
     planned.set_state(start)
     planned.steps = first - 1  # the run's step numbers: a resumed run goes on from its checkpoint's

@@ -50,7 +50,7 @@ def uninterrupted(step, tmp_path_factory):
     d = tmp_path_factory.mktemp("whole")
     r = train(step, "--steps", 12, "--checkpoint-dir", d, "--checkpoint-every", 1, "--checkpoint-keep", 12)
     assert r.code == 0, r.err
-    return {k: weights(d / f"step-{k}" / "state.npz") for k in range(1, 13)}
+    return {k: weights(d / f"step-{k}" / "rank0.npz") for k in range(1, 13)}
 
 
 def test_a_run_resumed_from_its_checkpoint_ends_as_one_never_interrupted(step, uninterrupted, tmp_path):
@@ -59,7 +59,7 @@ def test_a_run_resumed_from_its_checkpoint_ends_as_one_never_interrupted(step, u
     r = train(step, "--steps", 9, "--checkpoint-dir", tmp_path, "--checkpoint-every", 2, "--resume", "--json")
     assert r.code == 0, r.err
     assert r.json()["resumed"]["step"] == 5 and [s["step"] for s in r.json()["per_step"]] == [6, 7, 8, 9]
-    assert bit_equal(weights(tmp_path / "step-9" / "state.npz"), uninterrupted[9])
+    assert bit_equal(weights(tmp_path / "step-9" / "rank0.npz"), uninterrupted[9])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-5", "step-6", "step-8", "step-9"][-3:]  # keep 3
 
 
@@ -76,20 +76,20 @@ def test_a_run_killed_at_random_moments_and_resumed_each_time_ends_bit_equal(ste
     assert train(step, *argv[7:]).code == 0
     done = sorted(int(p.name[5:]) for p in tmp_path.iterdir() if p.name.startswith("step-"))
     assert done[-1] == 12 and not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
-    assert bit_equal(weights(tmp_path / "step-12" / "state.npz"), uninterrupted[12])
+    assert bit_equal(weights(tmp_path / "step-12" / "rank0.npz"), uninterrupted[12])
 
 
 def test_a_corrupt_or_partial_newest_checkpoint_is_passed_over_and_said(step, uninterrupted, tmp_path):
     assert train(step, "--steps", 6, "--checkpoint-dir", tmp_path, "--checkpoint-every", 2).code == 0
-    state = tmp_path / "step-6" / "state.npz"
+    state = tmp_path / "step-6" / "rank0.npz"
     state.write_bytes(state.read_bytes()[:-100])  # truncated
     (tmp_path / "step-7").mkdir()  # a folder without its manifest: a write that never finished
     (tmp_path / ".step-8.part").mkdir()  # one being written when the process died
     r = train(step, "--steps", 8, "--checkpoint-dir", tmp_path, "--checkpoint-every", 2, "--resume")
     assert r.code == 0, r.err
     assert f"resumed from {tmp_path / 'step-4'} after step 4 (passed over: step-7 (its manifest:" in r.out
-    assert "step-6 (state.npz does not match its checksum)" in r.out
-    assert bit_equal(weights(tmp_path / "step-8" / "state.npz"), uninterrupted[8])
+    assert "step-6 (rank0.npz does not match its checksum)" in r.out
+    assert bit_equal(weights(tmp_path / "step-8" / "rank0.npz"), uninterrupted[8])
 
 
 @pytest.mark.parametrize("change, said", [(("--seed", 1), "its run used --seed 0, this one 1"),
@@ -106,24 +106,24 @@ def test_a_checkpoint_of_another_run_is_refused(step, tmp_path, change, said):
 def test_a_checkpoint_of_another_step_is_refused(step, tmp_path):
     assert train(step, "--steps", 2, "--checkpoint-dir", tmp_path).code == 0
     manifest = json.loads((tmp_path / "step-2" / "manifest.json").read_text())
-    manifest["model_sha256"] = "0" * 64
+    manifest["step_sha256"] = "0" * 64
     (tmp_path / "step-2" / "manifest.json").write_text(json.dumps(manifest))
     r = train(step, "--steps", 3, "--checkpoint-dir", tmp_path, "--resume")
     assert r.code == 2 and "is not of this run: it is of another step (sha256 000000000000..." in r.err, r.err
 
 
 def test_a_full_disk_while_writing_leaves_the_previous_checkpoint_and_exits_1(tmp_path, monkeypatch):
-    run = checkpoints.Run("a" * 64, 0, None)
-    checkpoints.write(tmp_path, 1, run, {"w": np.ones(3, np.float32)}, keep=3)
+    run = checkpoints.Run("a" * 64, 1, 0, None)
+    checkpoints.write(tmp_path, 1, run, {"w": np.ones(3, np.float32)}, keep=3, inputs={})
 
     def full(*args, **kwargs):
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
     monkeypatch.setattr(np, "savez", full)
     with pytest.raises(CheckFailed, match=r"cannot write checkpoint .*step-2: No space left on device; step-1 is intact"):
-        checkpoints.write(tmp_path, 2, run, {"w": np.zeros(3, np.float32)}, keep=3)
+        checkpoints.write(tmp_path, 2, run, {"w": np.zeros(3, np.float32)}, keep=3, inputs={})
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step-1"]
     found, passed = checkpoints.newest(tmp_path, run)
-    assert found.step == 1 and np.array_equal(found.state["w"], np.ones(3, np.float32)) and passed == []
+    assert found.step == 1 and np.array_equal(found.state({})["w"], np.ones(3, np.float32)) and passed == []
 
 
 def test_a_step_with_dropout_resumed_is_said_not_to_be_bit_equal(tmp_path):
