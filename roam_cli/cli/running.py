@@ -131,7 +131,9 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     passed over, and said) to --steps in all, on the same step, seed and --inputs (another run's
     checkpoint is refused). A run killed at any moment and resumed ends with the parameters of a run
     never interrupted, bit for bit. A resumed run that has nothing left to run gives its weights
-    back all the same (--save-weights, --save-model).
+    back all the same (--save-weights, --save-model). With --ranks each rank writes its shards, and
+    a checkpoint resumes on another number of ranks (re-sharded) or on one process; --restarts R
+    starts a group that lost a rank again from its newest checkpoint, at most R times.
 
     \b
     Examples:
@@ -141,6 +143,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
       roam train step.onnx --plan plan.json --steps 100 --save-weights trained.safetensors --save-model trained.onnx
       roam train rank_step.onnx --plan rank_plan.json --ranks 4 --steps 20 --compare
       roam train step.onnx --plan plan.json --steps 10000 --checkpoint-dir ckpt --checkpoint-every 500 --resume
+      roam train rank_step.onnx --plan rank_plan.json --ranks 4 --steps 10000 --checkpoint-dir ckpt --restarts 3
     """
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
