@@ -59,7 +59,11 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--steps", default=20, show_default=True, type=int, help="Training steps to run.")
 @click.option("--inputs", "inputs_path", type=click.Path(path_type=Path),
               help="An .npz by input name: starting state, and data (one batch, or [steps, ...] cycled); "
-                   "what it lacks is synthesised, optimizer state starts at zero.")
+                   "or a folder of NAME.npy arrays (or NAME/ of .npy shards: examples along the first axis), "
+                   "or a .bin file of uint16 token ids cut into windows, read a batch at a time. "
+                   "What it lacks is synthesised, optimizer state starts at zero.")
+@click.option("--shuffle", is_flag=True,
+              help="With a folder or token file as --inputs: each epoch's examples in an order drawn from --seed.")
 @click.option("--provider", type=click.Choice(["cpu", "cuda"]), default="cpu", show_default=True,
               help="ONNX Runtime execution provider.")
 @click.option("--allocator", type=click.Choice(["roam", "ort", "ort-same-as-requested"]), default="roam",
@@ -101,7 +105,7 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
           allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, checkpoint_dir, checkpoint_every,
-          checkpoint_keep, resume, restarts, as_json):
+          checkpoint_keep, resume, restarts, shuffle, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -167,11 +171,12 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     if ranks is not None:
         return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
                            compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show,
-                           checkpointing, restarts, say)
+                           checkpointing, restarts, say, shuffle)
     result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
                           learning_rate=learning_rate, allocator=allocator, compare=compare,
                           allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
-                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing, say=say)
+                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing, say=say,
+                          shuffle=shuffle)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:
@@ -184,7 +189,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
 
 def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
                 allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show, checkpointing,
-                restarts, say):
+                restarts, say, shuffle):
     """`roam train --ranks N`."""
     from roam_cli.runtime import ranks as rank_run
 
@@ -199,7 +204,7 @@ def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator
                                   on_step=(lambda row: out.print(rank_run.render_step(row, steps), highlight=False,
                                                                  soft_wrap=True)) if show else None,
                                   save_weights=save_weights, save_model=save_model, checkpointing=checkpointing,
-                                  restarts=restarts, say=say)
+                                  restarts=restarts, say=say, shuffle=shuffle)
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:

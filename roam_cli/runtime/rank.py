@@ -113,7 +113,7 @@ def run(job: dict, comm, reporter: Reporter, folder: Path) -> dict:
         specs = [(name, dtype, layout.full_shape(name, tuple(shape))) for name, dtype, shape in input_specs(session.graph)]
         shapes = {name: shape for name, _, shape in specs}
         inputs = Path(job["inputs"]) if job["inputs"] else None
-        arrays = read_batches(inputs, session, specs)
+        arrays = read_batches(inputs, session, specs, job["shuffle"], job["seed"])
         exported, unread = exported_values(session, arrays)
         kinds = ({t["name"]: t["kind"] for t in plan["tensors"]} | {p: "parameter" for p in layout.parameters}
                  | {s: "optimizer_state" for s in layout.state})

@@ -44,7 +44,7 @@ from roam_cli.core.errors import CheckFailed, RoamBug, RoamError
 from roam_cli.core.units import format_bytes
 from roam_cli.frontend.onnx_import import load_model
 from roam_cli import pair
-from roam_cli.runtime import checkpoints, collectives, shards, weights
+from roam_cli.runtime import checkpoints, collectives, data, shards, weights
 from roam_cli.runtime.train import RTOL, render_weights
 
 DEFAULT_TIMEOUT = 300.0
@@ -89,7 +89,8 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
                 seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
                 allow_unplanned: bool = False, timeout: float = DEFAULT_TIMEOUT, start_timeout: float = START_S,
                 on_step=None, save_weights: Path | None = None, save_model: Path | None = None,
-                checkpointing: checkpoints.Options | None = None, restarts: int = 0, say=None) -> dict:
+                checkpointing: checkpoints.Options | None = None, restarts: int = 0, say=None,
+                shuffle: bool = False) -> dict:
     """Run `steps` steps of the rank step on `ranks` processes; the figures (as `train.train`'s, per
     step the mean over ranks, per rank its allocator's figures). With `checkpointing`, each rank
     writes its part of a checkpoint as the run goes, and with `restarts` a group that lost a rank
@@ -106,13 +107,13 @@ def train_ranks(model_path: Path, plan: dict, ranks: int, steps: int, *, inputs_
         raise RoamError(f"--save-model: {model_path} does not record an inference export that is there "
                         "(roam make-training-graph records it)")
     job = {"model": str(model_path.resolve()), "plan": plan, "steps": steps,
-           "inputs": str(inputs_path.resolve()) if inputs_path else None, "seed": seed, "learning_rate": learning_rate,
+           "inputs": str(inputs_path.resolve()) if inputs_path else None, "seed": seed, "shuffle": shuffle, "learning_rate": learning_rate,
            "allocator": allocator, "compare": compare, "allow_unplanned": allow_unplanned, "launcher": os.getpid(),
            "threads": max(1, len(os.sched_getaffinity(0)) // ranks), "checkpoint": None}
     keeper = None
     if checkpointing is not None:
         run_id = checkpoints.Run(pair.source(plan)["sha256"], ranks, seed,
-                                 checkpoints.sha256_of(inputs_path) if inputs_path else None)
+                                 data.identity(inputs_path) if inputs_path else None)
         keeper = checkpoints.Checkpointing(checkpointing, run_id, say)
         made = not checkpointing.folder.exists()
     rows: dict[int, dict] = {}  # every step run, by number: a restart runs some again

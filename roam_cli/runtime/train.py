@@ -38,7 +38,7 @@ from roam_cli.frontend.ort_optimize import planned_optimizations
 from roam_cli.frontend.providers import arena_providers, check_device, check_runs, check_started, locate_weights
 from roam_cli.frontend.synthetic import synthesize
 from roam_cli.recompute import rewrite
-from roam_cli.runtime import checkpoints, collectives, shards, weights
+from roam_cli.runtime import checkpoints, collectives, data, shards, weights
 from roam_cli.runtime.allocator import ALIGNMENT, ArenaAllocator, planned_requests, slow_nodes
 from roam_cli.runtime.execute import (
     ARENA_NAMES,
@@ -331,8 +331,9 @@ def starting_values(session: PlannedSession, given: dict[str, np.ndarray], seed:
     initial = json.loads(session.graph.metadata.get(INITIAL_KEY, "{}"))
     values, synthesised = {}, []
     for name, dtype, shape in specs:
-        if name in given:
-            values[name] = widened(given[name], np.dtype(dtype))
+        if name in given:  # data read a batch at a time starts as its first batch
+            value = given[name].batch(1) if isinstance(given[name], data.Batches) else given[name]
+            values[name] = widened(value, np.dtype(dtype))
         elif name in initial:
             values[name] = np.full(shape, initial[name], dtype=dtype)
         elif kinds.get(name) == "optimizer_state":
@@ -363,14 +364,18 @@ def widened(value: np.ndarray, dtype: np.dtype) -> np.ndarray:
     return value.astype(dtype) if low else value
 
 
-def read_batches(path: Path | None, session: PlannedSession, specs: list | None = None) -> dict[str, np.ndarray]:
+def read_batches(path: Path | None, session: PlannedSession, specs: list | None = None, shuffle: bool = False,
+                 seed: int = 0) -> dict[str, np.ndarray | data.Batches]:
     """The .npz's arrays by input name, of the shapes `specs` gives (default: the inputs'). A data
     input's array may hold one batch per step along an extra first axis (cycled when there are fewer
-    batches than steps)."""
+    batches than steps). A folder of arrays or a token file is read a batch at a time (`data`)."""
     if path is None:
         return {}
-    arrays = read_arrays(path, "--inputs")
     specs = {name: (np.dtype(dtype), tuple(shape)) for name, dtype, shape in specs or input_specs(session.graph)}
+    if not path.is_file() or path.suffix == data.TOKEN_FILE:
+        data_inputs = {name for name, (_, shape) in specs.items() if name not in session.state_names and shape}
+        return data.read(path, specs, data_inputs, shuffle, seed)
+    arrays = read_arrays(path, "--inputs")
     for name, array in arrays.items():
         if name not in specs:
             raise RoamError(f"--inputs: {name!r} is not an input of the model")
@@ -391,14 +396,18 @@ def batch_for(step: int, values: dict[str, np.ndarray], arrays: dict[str, np.nda
         if name in session.state_names:
             continue
         array = arrays.get(name, values[name])
-        batch[name] = array if array.shape == shapes[name] else array[(step - 1) % array.shape[0]]
+        if isinstance(array, data.Batches):
+            batch[name] = array.batch(step)
+        else:
+            batch[name] = array if array.shape == shapes[name] else array[(step - 1) % array.shape[0]]
     return batch
 
 
 def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inputs_path: Path | None = None,
           seed: int = 0, learning_rate: float = 1e-3, allocator: str = "roam", compare: bool = False,
           log_arena: bool = True, allow_unplanned: bool = False, on_step=None, save_weights: Path | None = None,
-          save_model: Path | None = None, checkpointing: checkpoints.Options | None = None, say=None) -> dict:
+          save_model: Path | None = None, checkpointing: checkpoints.Options | None = None, say=None,
+          shuffle: bool = False) -> dict:
     """`roam train`: `steps` steps as the plan says; with `compare`, the same steps again on a plain
     ORT session (ORT's order and arena) and the differences. Plain values out. The weights start
     from the inference export the step was made from (`weights.Source`), where it can be read;
@@ -419,16 +428,17 @@ def train(model_path: Path, plan: dict, steps: int, *, device: str = "cpu", inpu
         if save_model is not None and not planned.source.path.is_file():
             raise RoamError(f"--save-model: the inference export {planned.source.path} the step was made from is "
                             "not there")
-        arrays = read_batches(inputs_path, planned)
+        arrays = read_batches(inputs_path, planned, shuffle=shuffle, seed=seed)
         exported, unread = exported_values(planned, arrays)
         run = checkpoints.Run(pair.source(plan)["sha256"], 1, seed,
-                              checkpoints.sha256_of(inputs_path) if inputs_path else None)
+                              data.identity(inputs_path) if inputs_path else None)
         figures = run_steps(planned, model_path, plan, steps, device, {**exported, **arrays}, seed, learning_rate,
                             allocator, compare, report, checkpointing and checkpoints.Checkpointing(checkpointing, run, say))
         figures["weights_from"] = str(planned.source.path) if exported else None
         figures["weights_unread"] = unread
-        figures["non_finite_inputs"] = sorted(name for name, a in arrays.items()
-                                              if a.dtype.kind == "f" and not np.isfinite(a).all())
+        figures["non_finite_inputs"] = sorted(name for name, a in arrays.items()  # (not of data read from disk)
+                                              if isinstance(a, np.ndarray) and a.dtype.kind == "f"
+                                              and not np.isfinite(a).all())
         # what training changed that the model holds: its parameters and running statistics, not the moments
         kinds = {t["name"]: t["kind"] for t in plan["tensors"]}
         trained = {name: value for name, value in planned.state_arrays().items()

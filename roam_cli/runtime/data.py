@@ -1,0 +1,167 @@
+"""A training run's data read from disk a batch at a time (`roam train --inputs FOLDER | TOKENS.bin`):
+memory stays flat however large the data set, since each step reads only its batch's rows from
+memory-mapped files.
+
+- A folder of arrays by input name: `NAME.npy`, or `NAME/` holding `.npy` shards read in name order
+  as one array. A data input's array holds examples along its first axis (each the shape of one
+  row of the step's batch); step k reads batch k of the epoch, batches of the step's rows, the
+  rows in file order or, with `shuffle`, in an order drawn per epoch from the seed; an epoch is as
+  many whole batches as the examples make. Any other input's file is its starting value, whole.
+- A flat file of token ids (`.bin`: uint16, as GPT training scripts write them) cut into windows of
+  the step's sequence length: the ids input reads window j's tokens, `labels` the same tokens
+  shifted by one, as a language model learns to predict each next token.
+
+The data position is the step number: a run resumed after step k reads what an uninterrupted run's
+step k + 1 reads."""
+
+from __future__ import annotations
+
+import hashlib
+from pathlib import Path
+
+import numpy as np
+
+from roam_cli.core.errors import RoamError, first_line
+
+TOKEN_FILE = ".bin"
+LABELS = "labels"  # the input make-training-graph --loss cross-entropy adds
+
+
+def examples(step: int, count: int, per_batch: int, shuffle: bool, seed: int) -> np.ndarray:
+    """The examples (of `count`) step `step` reads, ascending: batch (step - 1) % per_epoch of its
+    epoch, in file order or in the order drawn for that epoch from `seed`."""
+    epoch, k = divmod(step - 1, count // per_batch)
+    if not shuffle:
+        return np.arange(k * per_batch, (k + 1) * per_batch)
+    order = np.random.default_rng([seed, epoch]).permutation(count)
+    return np.sort(order[k * per_batch:(k + 1) * per_batch])  # each file read front to back
+
+
+class Batches:
+    """One data input's batches over the examples along its arrays' first axis: `batch(k)` is step
+    k's, of `shape` (the step's input)."""
+
+    def __init__(self, name: str, parts: list[np.ndarray], shape: tuple[int, ...], dtype: np.dtype,
+                 shuffle: bool, seed: int):
+        self.name, self.parts, self.shape, self.dtype = name, parts, shape, dtype
+        self.shuffle, self.seed = shuffle, seed
+        self.starts = np.cumsum([0] + [len(p) for p in parts])
+        self.count = int(self.starts[-1])
+        self.per_batch = shape[0]
+
+    @property
+    def per_epoch(self) -> int:
+        return self.count // self.per_batch
+
+    def batch(self, step: int) -> np.ndarray:
+        rows = examples(step, self.count, self.per_batch, self.shuffle, self.seed)
+        out = np.empty((len(rows), *self.parts[0].shape[1:]), self.parts[0].dtype)
+        part = np.searchsorted(self.starts, rows, side="right") - 1
+        for p in np.unique(part):
+            mine = part == p
+            out[mine] = self.parts[p][rows[mine] - self.starts[p]]
+        return out.reshape(self.shape)
+
+
+class TokenWindows(Batches):
+    """Windows of `seq` tokens of a flat token file, begun `shift` tokens on (the labels: 1); each
+    window an example, so batches, epochs and shuffling are as for arrays."""
+
+    def __init__(self, name: str, tokens: np.ndarray, shape: tuple[int, ...], seq: int, shift: int,
+                 dtype: np.dtype, shuffle: bool, seed: int):
+        self.name, self.tokens, self.shape, self.dtype = name, tokens, shape, dtype
+        self.seq, self.shift, self.shuffle, self.seed = seq, shift, shuffle, seed
+        self.count = (len(tokens) - 1) // seq  # the last token is only ever a label
+        self.per_batch = int(np.prod(shape)) // seq
+
+    def batch(self, step: int) -> np.ndarray:
+        starts = examples(step, self.count, self.per_batch, self.shuffle, self.seed) * self.seq + self.shift
+        return np.stack([self.tokens[s:s + self.seq] for s in starts]).astype(self.dtype).reshape(self.shape)
+
+
+def read(path: Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]], data_inputs: set[str], shuffle: bool,
+         seed: int) -> dict[str, np.ndarray | Batches]:
+    """The values a folder or a token file gives, by input name: a data input's as Batches, any other
+    whole. `specs`: every input's (dtype, shape); RoamError for data that does not fit them."""
+    if path.suffix == TOKEN_FILE and path.is_file():
+        return token_windows(path, specs, data_inputs, shuffle, seed)
+    if not path.is_dir():
+        raise RoamError(f"--inputs {path}: not an .npz, a folder of .npy arrays by input name, or a {TOKEN_FILE} "
+                        "token file")
+    found = {p.stem if p.is_file() else p.name: p for p in sorted(path.iterdir())
+             if (p.is_file() and p.suffix == ".npy") or p.is_dir()}
+    if not found:
+        raise RoamError(f"--inputs {path}: no NAME.npy nor NAME/ of .npy shards in the folder")
+    values: dict[str, np.ndarray | Batches] = {}
+    for name, where in found.items():
+        if name not in specs:
+            raise RoamError(f"--inputs {where}: {name!r} is not an input of the model")
+        dtype, shape = specs[name]
+        files = sorted(where.glob("*.npy")) if where.is_dir() else [where]
+        if not files:
+            raise RoamError(f"--inputs {where}: a folder without .npy shards")
+        parts = [mapped(f) for f in files]
+        for f, part in zip(files, parts, strict=True):
+            if part.dtype != dtype or (name in data_inputs and part.shape[1:] != shape[1:]):
+                raise RoamError(f"--inputs {f}: {name!r} is {part.dtype}{list(part.shape)}, the model takes "
+                                + (f"{dtype}[examples, {', '.join(map(str, shape[1:]))}]" if name in data_inputs
+                                   else f"{dtype}{list(shape)}"))
+        if name not in data_inputs:
+            if len(parts) != 1 or parts[0].shape != shape:
+                raise RoamError(f"--inputs {where}: {name!r} is the model's {dtype}{list(shape)}, given whole")
+            values[name] = np.array(parts[0])
+            continue
+        batches = Batches(name, parts, shape, dtype, shuffle, seed)
+        if batches.per_epoch < 1:
+            raise RoamError(f"--inputs {where}: {batches.count} examples of {name!r}, fewer than one batch "
+                            f"({shape[0]} rows)")
+        values[name] = batches
+    sizes = {b.per_epoch for b in values.values() if isinstance(b, Batches)}
+    if len(sizes) > 1:
+        said = ", ".join(f"{b.name} {b.count}" for b in values.values() if isinstance(b, Batches))
+        raise RoamError(f"--inputs {path}: the data inputs hold different numbers of examples ({said})")
+    return values
+
+
+def token_windows(path: Path, specs, data_inputs: set[str], shuffle: bool, seed: int) -> dict[str, TokenWindows]:
+    """The ids input and `labels` of a language-model step, as windows of the token file."""
+    ids = sorted(n for n in data_inputs if n != LABELS and specs[n][0].kind in "iu")
+    if LABELS not in data_inputs or len(ids) != 1:
+        raise RoamError(f"--inputs {path}: a token file feeds a step with one integer ids input and {LABELS!r} "
+                        f"(make-training-graph --loss cross-entropy); this step's data inputs are "
+                        f"{', '.join(sorted(data_inputs)) or 'none'}")
+    shape = specs[ids[0]][1]
+    if len(shape) != 2 or int(np.prod(specs[LABELS][1])) != int(np.prod(shape)):
+        raise RoamError(f"--inputs {path}: the ids input {ids[0]!r} is {list(shape)} and {LABELS!r} "
+                        f"{list(specs[LABELS][1])}: a token file feeds [batch, sequence] ids and as many labels")
+    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    seq = shape[1]
+    out = {ids[0]: TokenWindows(ids[0], tokens, shape, seq, 0, specs[ids[0]][0], shuffle, seed),
+           LABELS: TokenWindows(LABELS, tokens, specs[LABELS][1], seq, 1, specs[LABELS][0], shuffle, seed)}
+    if out[LABELS].per_epoch < 1:
+        raise RoamError(f"--inputs {path}: {len(tokens)} tokens, fewer than one batch of {shape[0]} windows of {seq}")
+    return out
+
+
+def mapped(path: Path) -> np.ndarray:
+    """The .npy at `path`, memory-mapped (nothing read until a batch is)."""
+    try:
+        return np.load(path, mmap_mode="r", allow_pickle=False)
+    except (ValueError, OSError, EOFError) as e:
+        raise RoamError(f"--inputs {path}: not a readable .npy array ({first_line(e)})") from None
+
+
+def identity(path: Path) -> str:
+    """What a checkpoint records of the data: the sha256 of an .npz or token file; of a folder, of its
+    files' names and sizes and each one's first MiB (a data set of terabytes is not read to resume)."""
+    digest = hashlib.sha256()
+    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    for f in files:
+        digest.update(f"{f.relative_to(path) if path.is_dir() else ''}\0{f.stat().st_size}\0".encode())
+        with open(f, "rb") as fh:
+            if path.is_dir():
+                digest.update(fh.read(1 << 20))
+            else:
+                for block in iter(lambda: fh.read(1 << 20), b""):
+                    digest.update(block)
+    return digest.hexdigest()
