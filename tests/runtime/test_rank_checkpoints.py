@@ -116,7 +116,8 @@ def test_restarts_need_ranks_and_checkpoints(steps, tmp_path):
 
 def killed_and_restarted(steps, tmp_path, kills: int, seed: int) -> tuple[str, dict]:
     """A 30-step run on 4 ranks, a checkpoint every 2 steps, `--restarts kills`; a random rank of 1–3
-    SIGKILLed `kills` times, each at a random moment of a step or of a checkpoint's write. Returns
+    SIGKILLed `kills` times, each once there is a checkpoint, at a random moment of a step or of a
+    checkpoint's write. Returns
     its output and its trained weights."""
     rng = np.random.default_rng(seed)
     proc = subprocess.Popen([sys.executable, "-m", "roam_cli", "train", steps / "rank4.onnx", "--plan",
@@ -126,10 +127,10 @@ def killed_and_restarted(steps, tmp_path, kills: int, seed: int) -> tuple[str, d
                             env={**os.environ, "TMPDIR": str(tmp_path)})
     for _ in range(kills):
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:  # the ranks of this start, past their first step
+        while time.monotonic() < deadline:  # the ranks of this start past their first step, a checkpoint made
             folders = list(tmp_path.glob("roam-ranks-*"))
             lines = [f.read_text().count("\n") for f in folders[0].glob("rank*.steps")] if folders else []
-            if len(lines) == 4 and min(lines) >= 1:
+            if len(lines) == 4 and min(lines) >= 1 and list(tmp_path.glob("ck/step-*")):
                 break
             assert proc.poll() is None, proc.communicate()
             time.sleep(0.02)
