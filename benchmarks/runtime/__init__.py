@@ -22,6 +22,7 @@ HEADLINES = [
                            "--compare", "6"]),
     ("runtime/lower", [_SUITE, "--", "--jobs", "1"]),
     ("runtime/hostile_sweep", []),
+    ("runtime/data_rss", []),
 ]
 DETAILS = "docs/benchmarks/runtime.md"
 

@@ -1,6 +1,6 @@
 """A training run's data read from disk a batch at a time (`roam train --inputs FOLDER | TOKENS.bin`):
-memory stays flat however large the data set, since each step reads only its batch's rows from
-memory-mapped files.
+memory stays flat however large the data set, since each step reads only its batch's rows (with
+pread: a memory map would keep every page a shuffled read touched in the process's resident set).
 
 - A folder of arrays by input name: `NAME.npy`, or `NAME/` holding `.npy` shards read in name order
   as one array. A data input's array holds examples along its first axis (each the shape of one
@@ -17,6 +17,7 @@ step k + 1 reads."""
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -31,10 +32,38 @@ def examples(step: int, count: int, per_batch: int, shuffle: bool, seed: int) ->
     """The examples (of `count`) step `step` reads, ascending: batch (step - 1) % per_epoch of its
     epoch, in file order or in the order drawn for that epoch from `seed`."""
     epoch, k = divmod(step - 1, count // per_batch)
+    positions = np.arange(k * per_batch, (k + 1) * per_batch, dtype=np.uint64)
     if not shuffle:
-        return np.arange(k * per_batch, (k + 1) * per_batch)
-    order = np.random.default_rng([seed, epoch]).permutation(count)
-    return np.sort(order[k * per_batch:(k + 1) * per_batch])  # each file read front to back
+        return positions.astype(np.int64)
+    return np.sort(permuted(positions, count, [seed, epoch]).astype(np.int64))  # each file read front to back
+
+
+ROUNDS = 4
+
+
+def permuted(positions: np.ndarray, count: int, key: list[int]) -> np.ndarray:
+    """Where a pseudo-random permutation of range(count), drawn from `key`, sends `positions`: a
+    Feistel network on the fewest even bits covering count, values past count walked on through it
+    until they land inside (a bijection of range(count)). No table of count entries: an epoch of a
+    billion examples shuffles in the memory of one batch."""
+    half = max(1, ((count - 1).bit_length() + 1) // 2)
+    mask = np.uint64((1 << half) - 1)
+    keys = np.random.default_rng(key).integers(0, 1 << 62, ROUNDS, dtype=np.uint64)
+
+    def network(x: np.ndarray) -> np.ndarray:
+        left, right = x >> np.uint64(half), x & mask
+        for k in keys:
+            mixed = (right ^ k) * np.uint64(0x9E3779B97F4A7C15)  # wraps mod 2**64
+            left, right = right, left ^ ((mixed ^ (mixed >> np.uint64(29))) & mask)
+        return (left << np.uint64(half)) | right
+
+    with np.errstate(over="ignore"):
+        out = network(positions)
+        outside = out >= count
+        while outside.any():
+            out[outside] = network(out[outside])
+            outside = out >= count
+    return out
 
 
 class Batches:
@@ -59,7 +88,7 @@ class Batches:
         part = np.searchsorted(self.starts, rows, side="right") - 1
         for p in np.unique(part):
             mine = part == p
-            out[mine] = self.parts[p][rows[mine] - self.starts[p]]
+            out[mine] = self.parts[p].rows(rows[mine] - self.starts[p])
         return out.reshape(self.shape)
 
 
@@ -76,7 +105,7 @@ class TokenWindows(Batches):
 
     def batch(self, step: int) -> np.ndarray:
         starts = examples(step, self.count, self.per_batch, self.shuffle, self.seed) * self.seq + self.shift
-        return np.stack([self.tokens[s:s + self.seq] for s in starts]).astype(self.dtype).reshape(self.shape)
+        return np.stack([self.tokens.read(s, self.seq) for s in starts]).astype(self.dtype).reshape(self.shape)
 
 
 def read(path: Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]], data_inputs: set[str], shuffle: bool,
@@ -100,7 +129,7 @@ def read(path: Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]], data_in
         files = sorted(where.glob("*.npy")) if where.is_dir() else [where]
         if not files:
             raise RoamError(f"--inputs {where}: a folder without .npy shards")
-        parts = [mapped(f) for f in files]
+        parts = [npy_rows(f) for f in files]
         for f, part in zip(files, parts, strict=True):
             if part.dtype != dtype or (name in data_inputs and part.shape[1:] != shape[1:]):
                 raise RoamError(f"--inputs {f}: {name!r} is {part.dtype}{list(part.shape)}, the model takes "
@@ -109,7 +138,7 @@ def read(path: Path, specs: dict[str, tuple[np.dtype, tuple[int, ...]]], data_in
         if name not in data_inputs:
             if len(parts) != 1 or parts[0].shape != shape:
                 raise RoamError(f"--inputs {where}: {name!r} is the model's {dtype}{list(shape)}, given whole")
-            values[name] = np.array(parts[0])
+            values[name] = parts[0].rows(np.arange(len(parts[0]))) if shape else parts[0].read(0, 1).reshape(())
             continue
         batches = Batches(name, parts, shape, dtype, shuffle, seed)
         if batches.per_epoch < 1:
@@ -134,7 +163,7 @@ def token_windows(path: Path, specs, data_inputs: set[str], shuffle: bool, seed:
     if len(shape) != 2 or int(np.prod(specs[LABELS][1])) != int(np.prod(shape)):
         raise RoamError(f"--inputs {path}: the ids input {ids[0]!r} is {list(shape)} and {LABELS!r} "
                         f"{list(specs[LABELS][1])}: a token file feeds [batch, sequence] ids and as many labels")
-    tokens = np.memmap(path, dtype=np.uint16, mode="r")
+    tokens = Flat(path, np.dtype(np.uint16), 0, (path.stat().st_size // 2,))
     seq = shape[1]
     out = {ids[0]: TokenWindows(ids[0], tokens, shape, seq, 0, specs[ids[0]][0], shuffle, seed),
            LABELS: TokenWindows(LABELS, tokens, specs[LABELS][1], seq, 1, specs[LABELS][0], shuffle, seed)}
@@ -143,12 +172,56 @@ def token_windows(path: Path, specs, data_inputs: set[str], shuffle: bool, seed:
     return out
 
 
-def mapped(path: Path) -> np.ndarray:
-    """The .npy at `path`, memory-mapped (nothing read until a batch is)."""
+class Flat:
+    """The elements of a file of one dtype from byte `offset` on, read with pread and kept nowhere (the
+    file open only while it is read: a folder of thousands of shards holds no descriptor)."""
+
+    def __init__(self, path: Path, dtype: np.dtype, offset: int, shape: tuple[int, ...]):
+        self.path, self.dtype, self.offset, self.shape = path, dtype, offset, shape
+        self.row = int(np.prod(shape[1:], dtype=np.int64)) if len(shape) > 1 else 1  # elements a row
+
+    def __len__(self) -> int:
+        return self.shape[0] if self.shape else 1
+
+    def read(self, start: int, count: int, fd: int | None = None) -> np.ndarray:
+        """`count` elements from element `start` (of the file open as `fd`, or opened for this)."""
+        if fd is None:
+            with open(self.path, "rb") as f:
+                return self.read(start, count, f.fileno())
+        size = self.dtype.itemsize
+        got = os.pread(fd, count * size, self.offset + int(start) * size)
+        if len(got) != count * size:
+            raise RoamError(f"--inputs {self.path}: shorter than its header says (truncated?)")
+        return np.frombuffer(got, self.dtype)
+
+    def rows(self, indices: np.ndarray) -> np.ndarray:
+        """The rows at ascending `indices`, each run of consecutive ones in one read."""
+        out = np.empty((len(indices), *self.shape[1:]), self.dtype)
+        breaks = np.flatnonzero(np.diff(indices) != 1) + 1
+        with open(self.path, "rb") as f:
+            for run in np.split(np.arange(len(indices)), breaks):
+                if len(run):
+                    out[run] = self.read(indices[run[0]] * self.row, len(run) * self.row,
+                                         f.fileno()).reshape(len(run), *self.shape[1:])
+        return out
+
+
+def npy_rows(path: Path) -> Flat:
+    """The rows of the .npy at `path`, read as they are asked for: its header read here, nothing else."""
     try:
-        return np.load(path, mmap_mode="r", allow_pickle=False)
+        with open(path, "rb") as f:
+            version = np.lib.format.read_magic(f)
+            header = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = header(f)
+            offset = f.tell()
     except (ValueError, OSError, EOFError) as e:
         raise RoamError(f"--inputs {path}: not a readable .npy array ({first_line(e)})") from None
+    if fortran and len(shape) > 1 or dtype.hasobject:
+        raise RoamError(f"--inputs {path}: " + ("a Fortran-ordered array" if fortran else "an array of Python objects")
+                        + "; roam reads C-ordered arrays of numbers (numpy.save's default)")
+    if path.stat().st_size < offset + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize:
+        raise RoamError(f"--inputs {path}: shorter than its header says (truncated?)")
+    return Flat(path, dtype, offset, shape)
 
 
 def identity(path: Path) -> str:

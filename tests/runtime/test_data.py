@@ -1,6 +1,8 @@
 """`roam train --inputs FOLDER | TOKENS.bin [--shuffle]`: data read from disk a batch at a time, the
 same batches an .npz of them gives, epochs, shuffling, token windows with labels shifted by one."""
 
+import io
+
 import numpy as np
 import pytest
 from conftest import SAMPLE, roam
@@ -12,9 +14,10 @@ EXPORT = SAMPLE.parent / "model.onnx"
 INT64 = np.dtype(np.int64)
 
 
-def test_token_windows_by_hand():
+def test_token_windows_by_hand(tmp_path):
     """21 tokens 0..20, windows of 4: 5 windows (the last token only ever a label), 2 a batch."""
-    tokens = np.arange(21, dtype=np.uint16)
+    np.arange(21, dtype=np.uint16).tofile(tmp_path / "tokens.bin")
+    tokens = data.Flat(tmp_path / "tokens.bin", np.dtype(np.uint16), 0, (21,))
     ids = data.TokenWindows("ids", tokens, (2, 4), 4, 0, INT64, False, 0)
     labels = data.TokenWindows("labels", tokens, (8,), 4, 1, INT64, False, 0)
     assert ids.per_epoch == 2
@@ -24,8 +27,10 @@ def test_token_windows_by_hand():
     assert ids.batch(3).tolist() == ids.batch(1).tolist()  # epoch 2: window 4 (16..19) is left over
 
 
-def test_a_shuffled_epoch_reads_every_example_once_in_an_order_of_the_seed():
-    parts = [np.arange(7)[:, None], np.arange(7, 12)[:, None]]  # 12 examples in two shards, 3 a batch
+def test_a_shuffled_epoch_reads_every_example_once_in_an_order_of_the_seed(tmp_path):
+    np.save(tmp_path / "0.npy", np.arange(7)[:, None])  # 12 examples in two shards, 3 a batch
+    np.save(tmp_path / "1.npy", np.arange(7, 12)[:, None])
+    parts = [data.npy_rows(tmp_path / "0.npy"), data.npy_rows(tmp_path / "1.npy")]
     batches = data.Batches("x", parts, (3, 1), INT64, True, 5)
     epoch = [batches.batch(k).ravel().tolist() for k in range(1, 5)]
     assert sorted(sum(epoch, [])) == list(range(12)) and epoch != [[0, 1, 2], [3, 4, 5], [6, 7, 8], [9, 10, 11]]
@@ -86,6 +91,12 @@ def test_a_run_on_shuffled_data_resumed_ends_bit_equal(step, tmp_path):
     assert (tmp_path / "whole" / "step-8" / "rank0.npz").read_bytes() == (tmp_path / "parts" / "step-8" / "rank0.npz").read_bytes()
 
 
+def npy_bytes(a: np.ndarray) -> bytes:
+    buffer = io.BytesIO()
+    np.save(buffer, a)
+    return buffer.getvalue()
+
+
 @pytest.mark.parametrize("make, said", [
     (lambda d: np.save(d / "x" / "nonsense.npy", np.zeros((4, 32), np.int64)), "'nonsense' is not an input of the model"),
     (lambda d: np.save(d / "x" / "input_ids.npy", np.zeros((9, 32), np.int32)),
@@ -94,6 +105,10 @@ def test_a_run_on_shuffled_data_resumed_ends_bit_equal(step, tmp_path):
      "3 examples of 'input_ids', fewer than one batch (4 rows)"),
     (lambda d: (d / "x" / "input_ids.npy").write_bytes(b"not an array"), "not a readable .npy array"),
     (lambda d: None, "no NAME.npy nor NAME/ of .npy shards in the folder"),
+    (lambda d: np.save(d / "x" / "input_ids.npy", np.zeros((8, 32), np.int64, order="F")), "a Fortran-ordered array"),
+    (lambda d: (d / "x" / "input_ids.npy").write_bytes(
+        npy_bytes(np.zeros((8, 32), np.int64))[:-100]),
+     "shorter than its header says"),
 ])
 def test_a_folder_that_does_not_fit_the_step_is_refused_in_one_line(step, tmp_path, make, said):
     (tmp_path / "x").mkdir()
