@@ -9,7 +9,7 @@ from roam_cli.cli import RATE, SECONDS, Progress, cli, out
 from roam_cli.core import plan as plan_io
 from roam_cli.core.errors import CheckFailed, RoamError
 from roam_cli.core.fileio import check_output_folder, check_outputs
-from roam_cli.runtime import checkpoints
+from roam_cli.runtime import checkpoints, progress
 
 
 @cli.command()
@@ -101,11 +101,13 @@ def execute(obj, model, plan_path, provider, inputs_path, seed, as_json):
 @click.option("--restarts", default=0, show_default=True, type=click.IntRange(min=0), metavar="R",
               help="With --ranks and --checkpoint-dir: a group that lost a rank (it died or hung) starts again from "
                    "the newest checkpoint, at most R times.")
+@click.option("--log", "log_path", type=click.Path(path_type=Path),
+              help="Append a JSON line per step to this file (step, time, seconds, outputs), flushed as it goes.")
 @click.option("--json", "as_json", is_flag=True, help="Print the figures as JSON.")
 @click.pass_obj
 def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
           allow_unplanned, save_weights, save_model, ranks, timeout, start_timeout, checkpoint_dir, checkpoint_every,
-          checkpoint_keep, resume, restarts, shuffle, as_json):
+          checkpoint_keep, resume, restarts, shuffle, log_path, as_json):
     """Run STEPS training steps of MODEL on ONNX Runtime as PLAN says. MODEL is either file of
     the plan's pair: the whole-step model optimize read (roam make-training-graph
     --in-graph-optimizer writes one) or the annotated model it wrote; both run the same graph.
@@ -152,7 +154,7 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     from roam_cli.runtime.train import RTOL, render_step, render_summary
     from roam_cli.runtime.train import train as run_training
 
-    outputs = [p for p in (save_weights, save_model) if p is not None]
+    outputs = [p for p in (save_weights, save_model, log_path) if p is not None]
     # the starting weights are read from --inputs, else from the export the step records (an input too)
     read = [p for p in (model, plan_path, inputs_path) if p is not None]
     check_outputs(outputs, read)
@@ -168,15 +170,21 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
     plan = plan_io.read(plan_path)
     show = not (as_json or obj["quiet"])
     say = None if obj["quiet"] or as_json else lambda line: out.print(line, highlight=False, soft_wrap=True)
-    if ranks is not None:
-        return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
-                           compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show,
-                           checkpointing, restarts, say, shuffle)
-    result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
-                          learning_rate=learning_rate, allocator=allocator, compare=compare,
-                          allow_unplanned=allow_unplanned, on_step=(lambda r: out.print(render_step(r, steps, plan), highlight=False, soft_wrap=True)) if show else None,
-                          save_weights=save_weights, save_model=save_model, checkpointing=checkpointing, say=say,
-                          shuffle=shuffle)
+    log = progress.Log(log_path) if log_path is not None else None
+    try:
+        if ranks is not None:
+            return train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed,
+                               compare, allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json,
+                               show, checkpointing, restarts, say, shuffle, log)
+        report = reporter(steps, show, log, lambda r: render_step(r, steps, plan),
+                          lambda r: (r.number, r.seconds, {n: float(v) for n, v in r.outputs.items() if v.size == 1}, {}))
+        result = run_training(model, plan, steps, device=provider, inputs_path=inputs_path, seed=seed,
+                              learning_rate=learning_rate, allocator=allocator, compare=compare,
+                              allow_unplanned=allow_unplanned, on_step=report, save_weights=save_weights,
+                              save_model=save_model, checkpointing=checkpointing, say=say, shuffle=shuffle)
+    finally:
+        if log is not None:
+            log.close()
     if as_json:
         click.echo(json.dumps(result, indent=1))
     elif not obj["quiet"]:
@@ -187,9 +195,24 @@ def train(obj, model, plan_path, steps, inputs_path, provider, allocator, learni
                           f"(outputs {result['compare']['outputs_max_rel']:.3g}, state {result['compare']['state_max_rel']:.3g})")
 
 
+def reporter(steps: int, show: bool, log, line, figures):
+    """What runs after each step: its `line` printed (on a terminal, with the pace and the time left)
+    when `show`, and its `figures` (number, seconds, outputs, more) appended to `log`."""
+    pace = progress.Pace(steps) if out.is_terminal else None
+
+    def report(step) -> None:
+        number, seconds, outputs, more = figures(step)
+        if log is not None:
+            log.write(number, seconds, outputs, **more)
+        if show:
+            said = pace.after(number) if pace else ""
+            out.print(line(step) + (f"  {said}" if said else ""), highlight=False, soft_wrap=True)
+    return report
+
+
 def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator, learning_rate, seed, compare,
                 allow_unplanned, save_weights, save_model, timeout, start_timeout, as_json, show, checkpointing,
-                restarts, say, shuffle):
+                restarts, say, shuffle, log):
     """`roam train --ranks N`."""
     from roam_cli.runtime import ranks as rank_run
 
@@ -201,8 +224,9 @@ def train_ranks(obj, model, plan, ranks, steps, inputs_path, provider, allocator
     result = rank_run.train_ranks(model, plan, ranks, steps, inputs_path=inputs_path, seed=seed,
                                   learning_rate=learning_rate, allocator=allocator, compare=compare,
                                   allow_unplanned=allow_unplanned, timeout=timeout, start_timeout=start_timeout,
-                                  on_step=(lambda row: out.print(rank_run.render_step(row, steps), highlight=False,
-                                                                 soft_wrap=True)) if show else None,
+                                  on_step=reporter(steps, show, log, lambda row: rank_run.render_step(row, steps),
+                                                   lambda row: (row["step"], row["seconds"], row["outputs"],
+                                                                {"rank_outputs": row["rank_outputs"]})),
                                   save_weights=save_weights, save_model=save_model, checkpointing=checkpointing,
                                   restarts=restarts, say=say, shuffle=shuffle)
     if as_json:

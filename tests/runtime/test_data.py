@@ -2,6 +2,7 @@
 same batches an .npz of them gives, epochs, shuffling, token windows with labels shifted by one."""
 
 import io
+import json
 
 import numpy as np
 import pytest
@@ -121,3 +122,15 @@ def test_a_token_file_for_a_step_without_labels_is_refused():
     specs = {"x": (np.dtype(np.float32), (4, 3)), "y": (np.dtype(np.float32), (4,))}
     with pytest.raises(RoamError, match="a token file feeds a step with one integer ids input and 'labels'"):
         data.token_windows(SAMPLE, specs, {"x", "y"}, False, 0)
+
+
+def test_log_appends_a_json_line_per_step_and_a_resumed_run_goes_on_appending(step, tmp_path):
+    args = ["train", step / "step.onnx", "--plan", step / "plan.json", "--log", tmp_path / "run.log",
+            "--checkpoint-dir", tmp_path / "ck"]
+    assert roam(*args, "--steps", 2).code == 0
+    assert roam(*args, "--steps", 4, "--resume").code == 0
+    lines = [json.loads(line) for line in (tmp_path / "run.log").read_text().splitlines()]
+    assert [line["step"] for line in lines] == [1, 2, 3, 4]
+    assert all(set(line) == {"step", "time", "seconds", "outputs"} and line["outputs"]["loss"] > 0 for line in lines)
+    r = roam("train", step / "step.onnx", "--plan", step / "plan.json", "--log", tmp_path / "no.log", "--steps", 0)
+    assert r.code == 2 and not (tmp_path / "no.log").exists()  # refused before its first step: no file
