@@ -23,6 +23,7 @@ HEADLINES = [
     ("runtime/lower", [_SUITE, "--", "--jobs", "1"]),
     ("runtime/hostile_sweep", []),
     ("runtime/data_rss", []),
+    ("runtime/kill_resume", []),
 ]
 DETAILS = "docs/benchmarks/runtime.md"
 

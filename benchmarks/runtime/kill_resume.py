@@ -7,8 +7,9 @@ For the README sample's export and a corpus export (benchmarks/exporters/exporte
 default gpt2-dynamo, from its cache: `python -m benchmarks run exporters/exporters_corpus` makes it),
 each made a full step (`make-training-graph --in-graph-optimizer`, batch 4) and planned: one run of
 `--steps` steps never interrupted, then the same command line with `--resume` started again and
-again, each start SIGKILLed after a random 0.5–3 s (some inside a checkpoint's write: a checkpoint
-every 5 steps), until `--kills` kills, then run to its end. Then the sample's step sharded for 4
+again, each start SIGKILLed within 4 ms of reporting a step drawn at random (some inside a checkpoint's
+write: a checkpoint every 5 steps, written after the step is reported), until `--kills` kills, then
+run to its end. Then the sample's step sharded for 4
 ranks, `--restarts`, a random rank of 1–3 SIGKILLed `--rank-kills` times once a checkpoint exists.
 Each row: whether the final checkpoint's state is byte-equal to the uninterrupted run's."""
 
@@ -17,6 +18,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -37,10 +39,11 @@ def roam(*args, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def made(export: Path, work: Path, ranks: int | None = None) -> tuple[str, str]:
-    """The step of `export` (batch 4; for `ranks`, batch 4 / ranks sharded) and its plan, in `work`."""
-    batch = 4 // (ranks or 1)
+    """The step of `export` (the sample's at batch 4, for `ranks` 4 / ranks sharded; a corpus export's at
+    the batch it was exported with) and its plan, in `work`."""
+    dims = ["--dim", f"batch={4 // (ranks or 1)}"] if export == SAMPLE else []
     for argv in (["make-training-graph", export, "-o", "whole.onnx", "--loss", "cross-entropy", "--in-graph-optimizer",
-                  "--dim", f"batch={batch}"],
+                  *dims],
                  *([["shard", "whole.onnx", "--ranks", ranks, "-o", "step.onnx"]] if ranks else []),
                  ["optimize", "step.onnx" if ranks else "whole.onnx", "-o", "plan.json"]):
         r = roam(*argv, cwd=work)
@@ -63,17 +66,25 @@ def killed_runs(export: Path, steps: int, kills: int, rng: random.Random) -> dic
         if r.returncode:
             raise RuntimeError(r.stderr)
         uninterrupted_s = time.perf_counter() - t
+        # each start killed just after it reports a step drawn at random (sorted: each past where the
+        # last kill left the run); a step that is a multiple of 5 is followed by its checkpoint's write
         inside_write = 0
-        argv = [sys.executable, "-m", "roam_cli", "-q", *map(str, base), "--checkpoint-dir", "killed", "--resume"]
-        for _ in range(kills):
-            proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            time.sleep(rng.uniform(0.5, 3.0))
+        argv = [sys.executable, "-m", "roam_cli", *map(str, base), "--checkpoint-dir", "killed", "--resume"]
+        for target in sorted(rng.sample(range(2, steps), kills)):
+            proc = subprocess.Popen(argv, cwd=work, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                    env={**os.environ, "PYTHONUNBUFFERED": "1"})
+            for line in proc.stdout:
+                step = re.match(r"step\s+(\d+)/", line)
+                if step and int(step.group(1)) >= target:
+                    time.sleep(rng.uniform(0, 0.004))
+                    break
             proc.send_signal(signal.SIGKILL)
             proc.wait()
+            proc.stdout.close()
             inside_write += any((work / "killed").glob(".step-*.part"))
         done = sorted(int(p.name[5:]) for p in (work / "killed").glob("step-*"))
         t = time.perf_counter()
-        r = subprocess.run(argv, cwd=work, capture_output=True, text=True, check=False)
+        r = subprocess.run([*argv[:3], "-q", *argv[3:]], cwd=work, capture_output=True, text=True, check=False)
         return {"steps": steps, "kills": kills, "inside_write": inside_write, "at_last_kill": done[-1] if done else 0,
                 "uninterrupted_s": round(uninterrupted_s, 1), "finish_s": round(time.perf_counter() - t, 1),
                 "exit": r.returncode,
@@ -90,7 +101,7 @@ def killed_ranks(steps: int, kills: int, rng: random.Random) -> dict:
             raise RuntimeError(r.stderr)
         (work / "tmp").mkdir()
         proc = subprocess.Popen([sys.executable, "-m", "roam_cli", *map(str, base), "--checkpoint-dir", "killed",
-                                 "--restarts", kills], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                 "--restarts", str(kills)], cwd=work, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True, env={**os.environ, "TMPDIR": str(work / "tmp")})
         for _ in range(kills):
             while True:
