@@ -30,8 +30,8 @@
  * allocator and is counted, the first one noted: the arena can be wrong about nothing, only unused.
  * Slots of one storage group (a storage and the outputs written over it, each while the one before
  * is still held by ORT: the kernel reads it as it writes) may share bytes while both are live; the
- * served map then holds the newer at the address, and the older is the one the next free of it
- * releases (ORT frees a kernel's input no later than its output).
+ * served map then holds the newest at the address, each slot the one it was served over, and a free
+ * at the address releases the oldest still held (ORT frees a kernel's input no later than its output).
  *
  * A session serves only the thread that began its step (ORT's sequential executor allocates on
  * the calling thread), one session per thread at a time; requests from other threads pass
@@ -431,12 +431,20 @@ static void release(int d, void *p) {
         if (s->device != d) continue;
         int64_t j = s->served.used ? map_take(&s->served, (uintptr_t)p) : -1;
         if (j >= 0 || in_arena(s, p)) {
-            if (j >= 0 && s->under[j] >= 0 && s->live[s->under[j]]) {
-                s->live[s->under[j]] = 0; /* the older of two slots held at p: ORT frees a kernel's input first */
-                s->under[j] = -1;
-                map_put(&s->served, (uintptr_t)p, j); /* the entry was just taken: no growth */
-            } else if (j >= 0) {
-                s->live[j] = 0;
+            if (j >= 0) {
+                /* of the slots held at p (a storage and the outputs written over it, each over the
+                 * one before), the oldest: ORT frees a kernel's input no later than its output, and
+                 * one of them may outlive the plan (an output ORT keeps for a later reader) */
+                int64_t newer = -1, oldest = j;
+                while (s->under[oldest] >= 0 && s->live[s->under[oldest]]) {
+                    newer = oldest;
+                    oldest = s->under[oldest];
+                }
+                s->live[oldest] = 0;
+                if (newer >= 0) {
+                    s->under[newer] = -1;
+                    map_put(&s->served, (uintptr_t)p, j); /* the entry was just taken: no growth */
+                }
             }
             if (s->closed && !s->served.used) unlink_session(gone = s); /* closed while it was live */
             ours = 1;

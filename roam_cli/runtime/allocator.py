@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import bisect
 import heapq
+import math
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
@@ -216,19 +217,34 @@ def node_at(times: list[int], spans: list[tuple[int, int, str]]) -> list[str | N
 
 
 def settle(buffers: list[tuple[int, int, int, list[int]]], late: set[int] = frozenset(),
-           groups: list[str] | None = None) -> list[int | None]:
+           groups: list[str] | None = None, nodes: list[str | None] | None = None) -> list[int | None]:
     """For buffers (lo, hi, bytes, candidate offsets), over recorded lifetimes, the first candidate
     that shares no bytes with a buffer settled before it while both are live, or None: a sweep in
     allocation order, then the `late` ones (those that outlive their plan life: they must not take
     the place of the many that keep to it). Buffers of one of `groups` (a storage and the outputs
-    written over it) may share bytes."""
+    written over it) may share bytes, where the older is freed before the next kernel's first request
+    after the newer (`nodes`: each request's kernel, where the profile tells; else the next request):
+    its last reader is the kernel writing over it. One ORT holds on (its own kernel in place
+    extending it, or a request matched to another tensor of the same size than the plan's) would be
+    overwritten while it is still to be read."""
     live: list[tuple[int, int]] = []  # (hi, index) of the settled buffers, a heap
     chosen: list[int | None] = [None] * len(buffers)
     group = groups or [None] * len(buffers)
+    node = nodes or [None] * len(buffers)
+    by_start = sorted(range(len(buffers)), key=lambda k: buffers[k][0])
+    following = [math.inf] * len(buffers)  # the first request of another kernel after each one's
+    for i, k in enumerate(by_start):
+        following[k] = next((buffers[j][0] for j in by_start[i + 1:] if node[j] is None or node[j] != node[k]),
+                            math.inf)
+
+    def shares(j: int, k: int) -> bool:
+        """Whether j and k, live at once, may share bytes: one storage's, the older freed in time."""
+        older, newer = (j, k) if buffers[j][0] <= buffers[k][0] else (k, j)
+        return group[j] is not None and group[j] == group[k] and buffers[older][1] <= following[newer]
 
     def free(k: int, at: int, others) -> bool:
-        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2]
-                       and (group[j] is None or group[j] != group[k]) for j in others)
+        return not any(at < chosen[j] + buffers[j][2] and chosen[j] < at + buffers[k][2] and not shares(j, k)
+                       for j in others)
 
     for k in sorted(set(range(len(buffers))) - late, key=lambda k: buffers[k][0]):
         lo, hi, _, candidates = buffers[k]
@@ -442,7 +458,7 @@ class ArenaAllocator:
             mine = [k for k in at_plan if self.pool[k] == q]
             late = {i for i, k in enumerate(mine) if outlives(k)}
             chosen = settle([(*buffers[k][:2], self.planned[self.matched[k]].bytes, candidates(k)) for k in mine], late,
-                            [self.planned[self.matched[k]].storage for k in mine])
+                            [self.planned[self.matched[k]].storage for k in mine], [nodes[k] for k in mine] if nodes else None)
             self.moved |= {k for k, at in zip(mine, chosen) if at is None}
             served = {k: at for k, at in zip(mine, chosen) if at is not None}
             self.served_at |= served

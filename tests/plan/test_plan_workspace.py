@@ -42,6 +42,15 @@ def test_a_request_that_outlives_its_plan_life_takes_a_free_candidate_or_none():
     assert settle([(0, 10, 256, [0]), (1, 5, 256, [0, 256]), (2, 4, 256, [0, 256])], late={0}) == [None, 0, 256]
 
 
+def test_an_output_shares_its_storage_s_bytes_only_where_the_input_is_freed_before_the_next_request():
+    # (lo, hi, bytes, candidates), lo and hi events of the recorded step; 0 and 1 one storage (1 is
+    # written over 0), 2 another request at event 7: 0 freed at 6, by then, so 1 shares its bytes
+    group = ["s", "s", None]
+    assert settle([(0, 6, 256, [0]), (5, 9, 256, [0]), (7, 8, 256, [512])], groups=group) == [0, 0, 512]
+    # 0 held on past event 7 (ORT still reads it): 1 written there would spoil it, and gets no place
+    assert settle([(0, 8, 256, [0]), (5, 9, 256, [0]), (7, 8, 256, [512])], groups=group) == [0, None, 512]
+
+
 def test_workspace_is_fitted_first_fit_around_the_fixed_buffers():
     fixed = [(0, 10, 256, 0), (0, 5, 256, 512)]
     # live with both: the gap at 256 fits 256 bytes, not 512; after 5 the 512-byte one fits at 256
