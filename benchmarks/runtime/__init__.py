@@ -24,6 +24,7 @@ HEADLINES = [
     ("runtime/hostile_sweep", []),
     ("runtime/data_rss", []),
     ("runtime/kill_resume", []),
+    ("runtime/corpus_offsets", []),
 ]
 DETAILS = "docs/benchmarks/runtime.md"
 
