@@ -35,6 +35,11 @@ FUSIONS = ["GemmSumFusion", "GemmTransposeFusion", "MatMulAddFusion", "MatmulBNF
 # one stood, out of the plan's order (a lowered loss and its gradient both unsqueeze the labels), and
 # it would undo recomputation.
 MERGES_COPIES = "CommonSubexpressionElimination"
+# ORT's rule that drops a Cast to the type its input has: the Cast's output is then its input, which
+# lives on to the output's last reader, past the input's planned life (an exporter's float32 ->
+# float32 cast of the attention probabilities, read again by the backward: roam's allocator had to
+# move the scores it wrote over). The plan counts the copy; the session makes it.
+KEEPS_COPIES = "CastElimination"
 
 
 class SessionOptimizations(NamedTuple):
@@ -47,11 +52,12 @@ def planned_optimizations(model: onnx.ModelProto) -> SessionOptimizations:
     model, with so that it follows the plan. A model planned after ORT's optimisations (METADATA_KEY
     in its metadata) gets none: they are done, and another pass would fold or fuse nodes behind the
     plan's back. Any other model gets the basic level without the ones that make nodes (FUSIONS)
-    and the one that merges nodes (common subexpressions, MERGES_COPIES)."""
+    and the ones that merge nodes (common subexpressions, MERGES_COPIES) or drop a copy the plan
+    counts (a Cast to its input's type, KEEPS_COPIES)."""
     keys = {kv.key for kv in model.metadata_props}
     if METADATA_KEY in keys:
         return SessionOptimizations(ort.GraphOptimizationLevel.ORT_DISABLE_ALL, [])
-    return SessionOptimizations(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, FUSIONS + [MERGES_COPIES])
+    return SessionOptimizations(ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, FUSIONS + [MERGES_COPIES, KEEPS_COPIES])
 
 
 def record(level: str, provider: str) -> dict:

@@ -86,8 +86,30 @@ def test_sessions_of_an_ort_optimised_model_optimise_nothing(ort_plan):
     assert ort_optimize.planned_optimizations(onnx.load(str(annotated_path))) == \
         (ort.GraphOptimizationLevel.ORT_DISABLE_ALL, [])
     assert ort_optimize.planned_optimizations(onnx.load(str(SAMPLE))) == \
-        (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort_optimize.FUSIONS + ["CommonSubexpressionElimination"])
+        (ort.GraphOptimizationLevel.ORT_ENABLE_BASIC, ort_optimize.FUSIONS + ["CommonSubexpressionElimination",
+                                                                              "CastElimination"])
     assert set(pipeline.ORT_LEVELS) == set(ort_optimize.LEVELS)
+
+
+def test_a_session_of_a_planned_model_keeps_a_cast_to_its_input_s_type(tmp_path):
+    """ORT's basic level drops a float -> float Cast, whose output then lives as long as its own
+    readers in the input's buffer, past the input's planned life: the planned session keeps it."""
+    from onnx import TensorProto, helper
+    graph = helper.make_graph([helper.make_node("Cast", ["x"], ["y"], to=TensorProto.FLOAT, name="copy"),
+                               helper.make_node("Relu", ["y"], ["z"], name="relu")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [4])],
+                              [helper.make_tensor_value_info("z", TensorProto.FLOAT, [4])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    level, disabled = ort_optimize.planned_optimizations(model)
+    for keep, cast_nodes in ((True, 1), (False, 0)):
+        options = ort.SessionOptions()
+        options.graph_optimization_level = level
+        options.optimized_model_filepath = str(tmp_path / f"{keep}.onnx")
+        ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"],
+                             disabled_optimizers=disabled if keep else [n for n in disabled if n != "CastElimination"])
+        ran = onnx.load(str(tmp_path / f"{keep}.onnx"))
+        assert sum(n.op_type == "Cast" for n in ran.graph.node) == cast_nodes
 
 
 def test_reproducible_runs_give_the_same_plan_and_annotated_model(tmp_path, source):
