@@ -147,7 +147,8 @@ def write(folder: Path, step: int, run: Run, state: dict[str, np.ndarray], keep:
             os.replace(part, final)
             sync(folder)
     except OSError as e:
-        if rank == 0:
+        # on ranks the launcher cleans up once every rank has stopped: another may still be writing
+        if comm is None:
             shutil.rmtree(part, ignore_errors=True)
             if made:  # the folder this run made, for nothing
                 shutil.rmtree(folder, ignore_errors=True)
@@ -155,7 +156,8 @@ def write(folder: Path, step: int, run: Run, state: dict[str, np.ndarray], keep:
         raise CheckFailed(f"cannot write checkpoint {final}: {e.strerror or first_line(e)}; "
                           + (f"{kept[0]} is intact" if kept else "no earlier checkpoint")) from None
     except BaseException:  # interrupted: no half-written folder left
-        shutil.rmtree(part, ignore_errors=True)
+        if comm is None:
+            shutil.rmtree(part, ignore_errors=True)
         raise
     if rank == 0:
         for old in complete(folder)[keep:]:
@@ -183,7 +185,10 @@ def sync(folder: Path) -> None:
 
 def complete(folder: Path) -> list[Path]:
     """The checkpoint folders in `folder`, newest first (the ones being written are named .part)."""
-    found = [p for p in folder.iterdir() if p.is_dir() and NAME.fullmatch(p.name)] if folder.is_dir() else []
+    try:
+        found = [p for p in folder.iterdir() if p.is_dir() and NAME.fullmatch(p.name)]
+    except OSError:  # no folder (a run that made it removed it)
+        found = []
     return sorted(found, key=lambda p: int(NAME.fullmatch(p.name).group(1)), reverse=True)
 
 
