@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from roam_cli.core.errors import RoamError, first_line
+from roam_cli.runtime.checkpoints import sha256_of
 
 TOKEN_FILE = ".bin"
 LABELS = "labels"  # the input make-training-graph --loss cross-entropy adds
@@ -227,14 +228,11 @@ def npy_rows(path: Path) -> Flat:
 def identity(path: Path) -> str:
     """What a checkpoint records of the data: the sha256 of an .npz or token file; of a folder, of its
     files' names and sizes and each one's first MiB (a data set of terabytes is not read to resume)."""
+    if not path.is_dir():
+        return sha256_of(path)
     digest = hashlib.sha256()
-    files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
-    for f in files:
-        digest.update(f"{f.relative_to(path) if path.is_dir() else ''}\0{f.stat().st_size}\0".encode())
+    for f in sorted(p for p in path.rglob("*") if p.is_file()):
+        digest.update(f"{f.relative_to(path)}\0{f.stat().st_size}\0".encode())
         with open(f, "rb") as fh:
-            if path.is_dir():
-                digest.update(fh.read(1 << 20))
-            else:
-                for block in iter(lambda: fh.read(1 << 20), b""):
-                    digest.update(block)
+            digest.update(fh.read(1 << 20))
     return digest.hexdigest()
