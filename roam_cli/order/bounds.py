@@ -18,7 +18,17 @@
   of the step minimum of v with u forced before it and that of u with v forced before it. A node
   whose step is cheap only early (a weight copy recomputed for the backward: alone at the start of
   the step it costs nothing, but its output then lives through the forward's peak) gets its price
-  from the nodes its output's readers wait for: run before them, it is live at their steps."""
+  from the nodes its output's readers wait for: run before them, it is live at their steps.
+- `sequenced(members)`: every order runs a set of nodes in some sequence (one its edges allow),
+  and at each member's step the members before it have run and those after it have not. The least,
+  over all sequences, of the highest such step minimum bounds the peak: a bottleneck shortest
+  path over the subsets run so far (Dijkstra; anytime: the least open subset's value bounds it
+  when the budget ends first). It grows with the set, and catches what one step or one pair
+  cannot: a weight-dominated step's updates, each cheap alone, competing for the few places
+  where little else is live (a tiny Qwen2's bf16 free step: 85,248 -> 99,584 B)."""
+
+import heapq
+import time
 
 import numpy as np
 
@@ -32,6 +42,10 @@ PEAK_STEPS = 8  # how many of an order's highest steps get the exact step bound
 SMALL, SMALL_PEAK_STEPS = 2048, 64
 PAIR_STEPS = 4  # ... and of those, how many get pair bounds where they stay below them,
 PARTNERS = 4  # each with at most this many partners
+# The sequence bound's members are drawn from the nodes at an order's SEQUENCE_CANDIDATES highest
+# steps; its work is budgeted in minimum cuts, so a run bounds the same every time
+SEQUENCE_CANDIDATES = 60
+SEQUENCE_CUTS = 20_000
 
 
 def lower_bound(problem: Problem, order: list[int] | None = None) -> int:
@@ -50,10 +64,15 @@ class Bound:
         self.value = max(int(self.surely.max(initial=0)), held_throughout(problem))
         self.prefixes: dict[int, tuple[int, list[int]]] = {}  # node -> best_prefix()
         self.pairs: dict[tuple[int, int], int] = {}  # (u, v), u < v -> pair()
+        self.witness: list[int] = []  # the nodes whose step or pair bound is the value
         # Where the most bytes are surely live (a training step's loss, with every kept activation)
         # the step minimum is high in every order, even where a poor order peaks elsewhere.
         if problem.n:
-            self.value = max(self.value, self.prefix(int(self.surely.argmax()))[0])
+            self.raise_to(self.prefix(int(self.surely.argmax()))[0], [int(self.surely.argmax())])
+
+    def raise_to(self, value: int, witness: list[int]) -> None:
+        if value > self.value:
+            self.value, self.witness = value, witness
 
     def prefix(self, v: int) -> tuple[int, list[int]]:
         if v not in self.prefixes:
@@ -70,13 +89,34 @@ class Bound:
             for step in highest:
                 if steps[step] <= self.value:
                     break
-                self.value = max(self.value, self.prefix(order[step])[0])
+                self.raise_to(self.prefix(order[step])[0], [order[step]])
             for step in highest[:PAIR_STEPS]:
                 if steps[step] <= self.value:
                     break
                 v = order[step]
                 for u in self.partners(v, order, steps):
-                    self.value = max(self.value, self.pair(v, u))
+                    self.raise_to(self.pair(v, u), [v, u])
+        return self.value
+
+    def sequenced(self, order: list[int], cuts: int = SEQUENCE_CUTS, deadline: float = float("inf")) -> int:
+        """The bound raised by `sequenced` on members drawn from `order`'s highest steps: first
+        the nodes of the bound so far (a step's, a pair's), or the highest step minimum's, then,
+        round by round, the candidate that raises the bound most, until none does or `cuts`
+        minimum cuts (or the deadline) are spent."""
+        steps = profile(self.problem, order)
+        highest = [order[k] for k in sorted(range(len(order)), key=lambda k: -steps[k])[:SEQUENCE_CANDIDATES]]
+        members = self.witness or [max(highest, key=lambda v: self.prefix(v)[0])]
+        candidates = [v for v in dict.fromkeys(highest) if v not in members]
+        value = self.value
+        budget = Budget(cuts, deadline)
+        while candidates and not budget.spent():
+            tried = [(sequenced(self.problem, members + [v], self.anc, self.desc, budget), v) for v in candidates]
+            raised, best = max(tried, key=lambda t: t[0])
+            if raised <= value:
+                break
+            members, value = members + [best], raised
+            candidates.remove(best)
+        self.raise_to(value, members)
         return self.value
 
     def partners(self, v: int, order: list[int], steps: list[int]) -> list[int]:
@@ -110,6 +150,57 @@ def pair(problem: Problem, v: int, u: int, anc: list[int], desc: list[int]) -> i
     since every order runs one of the two first (u and v unordered)."""
     return min(best_prefix(problem, v, anc, desc, anc[u] | 1 << u)[0],
                best_prefix(problem, u, anc, desc, anc[v] | 1 << v)[0])
+
+
+class Budget:
+    """Minimum cuts left to spend, and a deadline."""
+
+    def __init__(self, cuts: int, deadline: float = float("inf")):
+        self.cuts, self.deadline = cuts, deadline
+
+    def spend(self) -> bool:
+        """One cut, if any is left."""
+        if self.spent():
+            return False
+        self.cuts -= 1
+        return True
+
+    def spent(self) -> bool:
+        return self.cuts <= 0 or time.perf_counter() > self.deadline
+
+
+def sequenced(problem: Problem, members: list[int], anc: list[int], desc: list[int], budget: Budget) -> int:
+    """The least, over the sequences every order runs `members` in, of the highest step minimum of
+    a member with those before it in the sequence run and those after it not; where the budget
+    ends first, the least value still open (every sequence passes through one of those subsets,
+    at that value or above)."""
+    k = len(members)
+    whole = (1 << k) - 1
+    reached, settled, heap = {0: 0}, set(), [(0, 0)]
+    while heap:
+        value, ran = heapq.heappop(heap)
+        if ran == whole:
+            return value
+        if ran in settled:
+            continue
+        settled.add(ran)
+        first = later = 0
+        for i, u in enumerate(members):
+            if ran >> i & 1:
+                first |= anc[u] | 1 << u
+            else:
+                later |= desc[u] | 1 << u
+        for i, v in enumerate(members):
+            if ran >> i & 1 or later & ~(desc[v] | 1 << v) & anc[v]:  # ran, or a member yet to run precedes it
+                continue
+            if not budget.spend():
+                return value
+            step = best_prefix(problem, v, anc, desc, first, later)[0]  # later holds v: it is after anyway
+            bigger, grown = max(value, step), ran | 1 << i
+            if bigger < reached.get(grown, bigger + 1):
+                reached[grown] = bigger
+                heapq.heappush(heap, (bigger, grown))
+    return 0
 
 
 def held_throughout(problem: Problem) -> int:
@@ -170,10 +261,12 @@ def step_minimum(problem: Problem, v: int, anc: list[int], desc: list[int]) -> i
     return best_prefix(problem, v, anc, desc)[0]
 
 
-def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int], first: int = 0) -> tuple[int, list[int]]:
+def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int], first: int = 0,
+                later: int = 0) -> tuple[int, list[int]]:
     """(the least live bytes of v's step in any order, the nodes that run before v there); with
     `first` (a set of nodes closed under ancestors, none a descendant of v), in any order that runs
-    them before v.
+    them before v; with `later` (closed under descendants, no ancestor of v nor in `first`), in any
+    order that runs them after it.
 
     Only the nodes unordered with v are free to run before or after it: v's ancestors are
     contracted into the source, v and its descendants into the sink, and a buffer whose side
@@ -183,7 +276,7 @@ def best_prefix(problem: Problem, v: int, anc: list[int], desc: list[int], first
     before_v = np.zeros(n, dtype=bool)
     before_v[members(anc[v] | first, n)] = True
     after_v = np.zeros(n, dtype=bool)
-    after_v[members(desc[v], n)] = True
+    after_v[members(desc[v] | later, n)] = True
     after_v[v] = True
     is_free = ~before_v & ~after_v
     free = np.flatnonzero(is_free)

@@ -46,6 +46,8 @@ WHOLE_NODES = 2048
 WHOLE_STATES_FACTOR = 4  # times a leaf's states
 WHOLE_SEEN_BYTES = 256 * 2**20
 WHOLE_SECONDS = 10.0
+SEQUENCE_SECONDS = 10.0  # at most, for the sequence bound (`bounds.sequenced`) where the gap stays open
+RESTARTS = 3  # searches started again from the order found, where the gap stays open
 
 
 @dataclass(frozen=True)
@@ -72,6 +74,7 @@ class Stats:
     shapes_reused: int = 0
     proven_optimal: bool = False
     at_target: bool = False  # the search stopped because the peak reached the caller's target
+    restarts: int = 0  # searches started again from the order found
 
 
 def solve_leaf(leaf: Leaf) -> tuple[list[int], bool]:
@@ -107,11 +110,46 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     """The ROAM order of `problem`, never worse than any of `references` (orders of `problem`).
     The search stops at the deadline, once the peak is within `gap` (a fraction) of the bound, or
     once it is at most `target` bytes (what a caller needs, such as a budget; None: no target).
-    `leaf_states`: the down-sets each leaf's exact search may visit."""
+    `leaf_states`: the down-sets each leaf's exact search may visit.
+
+    Where the search ends outside the gap, the bound is raised on the whole problem, and the search
+    starts again from its own order (at most RESTARTS times, while that lowers the peak): its
+    reference orders, tails and division tree are then those of an order already interleaved."""
     say = progress or (lambda message: None)
-    stats = Stats()
     say("roam: applying the reduction rules")
     red = rules.reduce(problem)
+    found, stats = searched(problem, red, references, deadline, jobs, say, gap, target, leaf_states)
+    whole = None
+    while not stats.proven_optimal and not stats.at_target:
+        if peak(problem, found) <= bounds.within_gap(stats.lower_bound, gap):
+            break
+        # the reduction keeps the optimum, not each step's: a removed node's step (an update's first
+        # temporary, where its gradient is live) can have a higher minimum than any step left
+        say("roam: raising the bound on the whole problem")
+        whole = whole or bounds.Bound(problem, *reachability(problem))
+        stats.lower_bound = max(stats.lower_bound, whole.raised(found))
+        if peak(problem, found) > bounds.within_gap(stats.lower_bound, gap):
+            say("roam: bounding the sequences the highest steps can run in")
+            stats.lower_bound = whole.sequenced(found, deadline=time.perf_counter() + SEQUENCE_SECONDS)
+        stats.proven_optimal = peak(problem, found) <= stats.lower_bound
+        if (peak(problem, found) <= bounds.within_gap(stats.lower_bound, gap) or stats.restarts == RESTARTS
+                or time.perf_counter() >= deadline):
+            break
+        say("roam: searching again from its own order")
+        again, again_stats = searched(problem, red, {"roam": found}, deadline, jobs, say, gap, target, leaf_states)
+        stats.restarts += 1
+        if peak(problem, again) >= peak(problem, found):
+            break
+        again_stats.lower_bound = max(again_stats.lower_bound, stats.lower_bound)
+        again_stats.restarts, again_stats.reference = stats.restarts, f"{stats.reference}; again: {again_stats.reference}"
+        found, stats = again, again_stats
+    return found, stats
+
+
+def searched(problem: Problem, red: rules.Reduction, references: dict[str, list[int]], deadline: float, jobs: int,
+             say, gap: float, target: int | None, leaf_states: int) -> tuple[list[int], Stats]:
+    """One search of the reduced problem `red` from the best of `references` and the heuristics."""
+    stats = Stats()
     rp = red.problem
     stats.reduced_nodes = rp.n
     for _, rule, _ in red.removed:
@@ -140,14 +178,7 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     with ProcessPoolExecutor(jobs) if jobs > 1 else nullcontext() as pool:
         search = Search(rp, bound, start, deadline, jobs, pool, stats, say, gap, target, leaf_states)
         best = search.run()
-    found = red.expand(best)
-    if peak(problem, found) > bounds.within_gap(stats.lower_bound, gap) and not stats.proven_optimal:
-        # the reduction keeps the optimum, not each step's: a removed node's step (an update's first
-        # temporary, where its gradient is live) can have a higher minimum than any step left
-        say("roam: raising the bound on the whole problem")
-        stats.lower_bound = max(stats.lower_bound, bounds.lower_bound(problem, found))
-        stats.proven_optimal = peak(problem, found) <= stats.lower_bound
-    return found, stats
+    return red.expand(best), stats
 
 
 class Search:

@@ -204,3 +204,41 @@ def test_a_proven_bound_stops_the_search_at_once():
     found = ideals.solve(problem, [0, 1, 2], max_states=1, deadline=float("inf"),
                          known_bound=bounds.lower_bound(problem, [0, 1, 2]))
     assert found.optimal and found.states == 0 and found.peak == 150
+
+
+def test_every_sequence_bound_holds():
+    rng = random.Random(11)
+    for (_, mm), best in list(zip(CASES, OPTIMA))[::3]:
+        problem = from_memory_model(mm)
+        anc, desc = reachability(problem)
+        for size in (2, 3, 4):
+            members = rng.sample(range(problem.n), min(size, problem.n))
+            assert bounds.sequenced(problem, members, anc, desc, bounds.Budget(10_000)) <= best
+            assert bounds.sequenced(problem, members, anc, desc, bounds.Budget(2)) <= best  # cut short: still a bound
+
+
+def three_tasks() -> Problem:
+    """s makes x_A, x_B, x_C (10 B each); task t_X reads x_X and makes y_X (30 B), which f_X reads."""
+    preds = ((), (0,), (1,), (0,), (3,), (0,), (5,))
+    buffers = (Buffer(10, (0,), (1,)), Buffer(10, (0,), (3,)), Buffer(10, (0,), (5,)),
+               Buffer(30, (1,), (2,)), Buffer(30, (3,), (4,)), Buffer(30, (5,), (6,)))
+    return Problem(preds, buffers)
+
+
+def test_the_sequence_bound_prices_tasks_that_compete_for_the_same_room():
+    # Whichever task runs first runs beside all three inputs: 30 + 30 = 60 B, the optimum. Alone,
+    # a task's step costs 40 (the other two run first); the pair bound prices only the second of
+    # two (40, the third task run before both), their sequence both (50: the first beside the
+    # other's input); only the sequence of all three sees 60.
+    problem = three_tasks()
+    order_ = [0, 1, 2, 3, 4, 5, 6]
+    assert profile(problem, order_) == [30, 60, 50, 50, 40, 40, 30]
+    assert min(peak(problem, list(o)) for o in topological_orders(list(problem.preds))) == 60
+    anc, desc = reachability(problem)
+    assert bounds.step_minimum(problem, 1, anc, desc) == 40
+    assert bounds.pair(problem, 1, 3, anc, desc) == 40
+    assert bounds.sequenced(problem, [1, 3], anc, desc, bounds.Budget(100)) == 50
+    assert bounds.sequenced(problem, [1, 3, 5], anc, desc, bounds.Budget(100)) == 60
+    assert bounds.lower_bound(problem, order_) == 40
+    assert bounds.Bound(problem, anc, desc).sequenced(order_) == 60
+
