@@ -104,9 +104,16 @@ class Bound:
         round by round, the candidate that raises the bound most, until none does or `cuts`
         minimum cuts (or the deadline) are spent."""
         steps = profile(self.problem, order)
-        highest = [order[k] for k in sorted(range(len(order)), key=lambda k: -steps[k])[:SEQUENCE_CANDIDATES]]
+        highest, near = [], set()  # one node of each run of neighbours (an update's chain of temporaries)
+        for k in sorted(range(len(order)), key=lambda k: -steps[k]):
+            v = order[k]
+            if v not in near:
+                highest.append(v)
+                near.update(self.problem.preds[v], self.problem.succs[v])
+                if len(highest) == SEQUENCE_CANDIDATES:
+                    break
         members = self.witness or [max(highest, key=lambda v: self.prefix(v)[0])]
-        candidates = [v for v in dict.fromkeys(highest) if v not in members]
+        candidates = [v for v in highest if v not in members]
         value = self.value
         budget = Budget(cuts, deadline)
         while candidates and not budget.spent():

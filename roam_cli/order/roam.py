@@ -130,7 +130,8 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
         stats.lower_bound = max(stats.lower_bound, whole.raised(found))
         if peak(problem, found) > bounds.within_gap(stats.lower_bound, gap):
             say("roam: bounding the sequences the highest steps can run in")
-            stats.lower_bound = whole.sequenced(found, deadline=time.perf_counter() + SEQUENCE_SECONDS)
+            stats.lower_bound = max(stats.lower_bound, whole.sequenced(found, deadline=time.perf_counter()
+                                                                      + SEQUENCE_SECONDS))
         stats.proven_optimal = peak(problem, found) <= stats.lower_bound
         if (peak(problem, found) <= bounds.within_gap(stats.lower_bound, gap) or stats.restarts == RESTARTS
                 or time.perf_counter() >= deadline):
