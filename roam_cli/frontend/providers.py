@@ -35,6 +35,25 @@ FIX = ("`roam lower` rewrites the graph in standard ONNX, or run it with onnxrun
 PROVIDERS = {"cpu": ["CPUExecutionProvider"], "cuda": ["CUDAExecutionProvider", "CPUExecutionProvider"]}
 
 
+@functools.cache
+def highest_opset() -> int:
+    """The highest default-domain opset this ONNX Runtime loads a graph at (onnxruntime-training
+    1.19.2: 21, where ONNX defines 22 and on): a graph roam makes must run here."""
+    for version in range(onnx.defs.onnx_opset_version(), 17, -1):
+        opset = [onnx.helper.make_opsetid("", version)]
+        probe = onnx.helper.make_model(onnx.helper.make_graph(
+            [onnx.helper.make_node("Identity", ["x"], ["y"])], "probe",
+            [onnx.helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+            [onnx.helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])]), opset_imports=opset)
+        probe.ir_version = onnx.helper.find_min_ir_version_for(opset)
+        try:
+            ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"])
+            return version
+        except Exception:  # noqa: BLE001 - ORT raises its own classes: this opset is past it
+            continue
+    return 17
+
+
 def check_device(device: str) -> None:
     """Before any work: refuse a provider this ONNX Runtime build does not have."""
     if device == "cuda" and "CUDAExecutionProvider" not in ort.get_available_providers():

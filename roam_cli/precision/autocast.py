@@ -23,6 +23,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import type_name
+from roam_cli.frontend import providers
 from roam_cli.lower import at_opset_18
 from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
@@ -38,7 +39,8 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
     (element type, shape) of every tensor of the float32 forward, whose parameters are graph
     inputs (not constants). The declared types of the graph's values follow. An op ONNX defines
     for the low type only from a later opset than the model's (bf16 Conv and pooling: 22) raises
-    the model's opset to it; one ONNX defines for it in none computes in float32."""
+    the model's opset to it; one ONNX defines for it in no opset the installed ONNX Runtime loads
+    computes in float32."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 21)
     needed = opset
@@ -103,7 +105,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
                 weighed = [x for x in floats if x not in constant] or floats
                 targets[param] = widest(now[x] for x in weighed)
             if targets[param] == low:
-                since = low_since(n.op_type, param, low, opset)
+                since = low_since(n.op_type, param, low, opset, providers.highest_opset())
                 targets[param] = low if since is not None else TensorProto.FLOAT
                 needed = max(needed, since or opset)
             for k, x in enumerate(n.input):
@@ -142,11 +144,11 @@ def linear_bias(n: onnx.NodeProto, products: set[str], sources: set[str], types:
 
 
 @functools.cache
-def low_since(op_type: str, param: str, low: int, opset: int) -> int | None:
-    """The first opset from `opset` on whose schema of `op_type` lets type parameter `param` be
-    `low`; None when none does."""
+def low_since(op_type: str, param: str, low: int, opset: int, last: int) -> int | None:
+    """The first opset from `opset` to `last` whose schema of `op_type` lets type parameter `param`
+    be `low`; None when none does."""
     wanted = f"tensor({type_name(low)})"
-    for version in range(opset, onnx.defs.onnx_opset_version() + 1):
+    for version in range(opset, min(last, onnx.defs.onnx_opset_version()) + 1):
         try:
             schema = onnx.defs.get_schema(op_type, version)
         except onnx.defs.SchemaError:

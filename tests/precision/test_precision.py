@@ -15,6 +15,7 @@ from onnx_builder import model, node, save
 
 from conftest import roam
 from roam_cli.core.errors import RoamError
+from roam_cli.frontend import providers
 from roam_cli.frontend.optimizer_graph import GROWTH_TRACKER, LOSS_SCALE, STEP
 from roam_cli.precision import masters
 from roam_cli.precision.autocast import autocast
@@ -108,18 +109,40 @@ def test_a_weight_read_directly_and_through_a_move_is_cast_once_before_both():
     assert [n.op_type for n in m.graph.node] == ["Cast", "Transpose", "Cast", "MatMul", "MatMul"]
 
 
-def test_bf16_convolutions_raise_an_opset_17_model_through_onnxs_converter():
-    """ONNX defines Conv in bfloat16 from opset 22: a TorchScript export at 17 is converted (ReduceMean's
-    axes attribute becomes an input at 18) and raised, not relabelled."""
+def conv_at_opset_17() -> tuple[onnx.ModelProto, dict]:
     m = model([node("Conv", ["x", "w"], ["c"]), node("ReduceMean", ["c"], ["y"], axes=[2, 3], keepdims=0)],
               [("x", [1, 2, 4, 4]), ("w", [3, 2, 1, 1])], [("y", [1, 3])])
     m.opset_import[0].version = 17
-    types = {"x": (F, (1, 2, 4, 4)), "w": (F, (3, 2, 1, 1)), "c": (F, (1, 3, 4, 4)), "y": (F, (1, 3))}
+    return m, {"x": (F, (1, 2, 4, 4)), "w": (F, (3, 2, 1, 1)), "c": (F, (1, 3, 4, 4)), "y": (F, (1, 3))}
+
+
+def test_bf16_convolutions_raise_an_opset_17_model_through_onnxs_converter(monkeypatch):
+    """ONNX defines Conv in bfloat16 from opset 22: a TorchScript export at 17 is converted (ReduceMean's
+    axes attribute becomes an input at 18) and raised, not relabelled, where ONNX Runtime loads 22."""
+    monkeypatch.setattr(providers, "highest_opset", lambda: 22)
+    m, types = conv_at_opset_17()
     autocast(m, BF16, types)
     assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 22
     onnx.checker.check_model(m, full_check=True)
     mean = next(n for n in m.graph.node if n.op_type == "ReduceMean")
     assert len(mean.input) == 2 and not any(a.name == "axes" for a in mean.attribute)
+
+
+def test_bf16_convolutions_stay_float32_where_onnx_runtime_loads_no_opset_defining_them(monkeypatch):
+    """onnxruntime-training 1.19.2 loads opsets up to 21, where Conv has no bfloat16: the step it can
+    run keeps its opset and convolves in float32 (it refused the raised one: an internal error)."""
+    monkeypatch.setattr(providers, "highest_opset", lambda: 21)
+    m, types = conv_at_opset_17()
+    autocast(m, BF16, types)
+    assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 17
+    assert [n.op_type for n in m.graph.node] == ["Conv", "ReduceMean"] and types_of(m)["y"] == F  # no Cast
+
+
+def test_the_highest_opset_is_one_this_onnx_runtime_loads():
+    highest = providers.highest_opset()
+    assert 18 <= highest <= onnx.defs.onnx_opset_version()
+    if ort.__version__.startswith("1.19."):  # onnxruntime-training's last release
+        assert highest == 21
 
 
 # --- fp16's loss scaling ---------------------------------------------------------------------------
