@@ -110,7 +110,7 @@ def solve(mm: MemoryModel, strategy: str = "roam", *, op_types: list[str] | None
                "reference": stats.reference, "lower_bound_bytes": stats.lower_bound,
                # an order at the proven bound is optimal, whichever of roam's or a baseline's it is
                "proven_optimal": stats.proven_optimal or peak_of(mm, found) <= stats.lower_bound, "gap": gap,
-               "repairs": stats.repairs, "tree_passes": stats.passes,
+               "repairs": stats.repairs, "tree_passes": stats.passes, "restarts": stats.restarts,
                "tree_levels": stats.levels, "leaves_solved": stats.leaves_solved,
                "leaf_states": leaf_states or roam_mod.LEAF_STATES,
                "shapes_solved": stats.shapes_solved, "shapes_reused": stats.shapes_reused}
