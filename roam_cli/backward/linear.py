@@ -25,14 +25,7 @@ def matmul(g):
         dy = g.op("Reshape", dy, g.axes(*out))
     if g.needs(0):
         if len(sb) == 2:  # one Gemm over the flattened batch, B not copied
-            flat = g.op("Reshape", dy, g.axes(-1, out[-1]))
-            made = g.ctx.producer.get(b)
-            if made is not None and made.op_type == "Transpose" and list(g.ctx.attr_of(made, "perm") or []) == [1, 0]:
-                # B is a Linear's weight transposed (exporters write x @ W^T so): the Gemm reads W as
-                # it is, and no copy of W^T is kept or remade for the backward
-                part = g.op("Gemm", flat, made.input[0])
-            else:
-                part = g.op("Gemm", flat, b, transB=1)
+            part = g.op("Gemm", g.op("Reshape", dy, g.axes(-1, out[-1])), b, transB=1)
             part = g.op("Reshape", part, g.axes(*out[:-1], sb[0]))
         else:
             part = g.op("MatMul", dy, swap_last(g, b, len(sb)))
