@@ -17,6 +17,7 @@ from roam_cli.backward.loss import add_loss
 from roam_cli.backward.rewrite import fold_constants, fuse_gelu, inactive_dropouts_to_identity
 from roam_cli.backward.sequences import lower_sequences
 from roam_cli.core.errors import RoamError
+from roam_cli.frontend import providers
 from roam_cli.frontend.training_graph import Artifacts, Survey
 from roam_cli.precision.autocast import autocast
 
@@ -42,7 +43,7 @@ def training_model(model: onnx.ModelProto, trainable: list[str], frozen: list[st
     if low is not None or loss_scale is not None:  # the forward's types as they are now, the loss's included
         types = static_types(out)
     if low is not None:
-        autocast(out, low, types)
+        autocast(out, low, types, providers.highest_opset())
         fold_constants(out, types)  # the casts of constants
     if loss_scale is not None:  # the loss as the model has it, then after the autocast (16 bits cannot be scaled)
         shape = scalar_loss(loss_name, types)

@@ -23,7 +23,6 @@ from onnx import TensorProto, helper, numpy_helper
 
 from roam_cli.core.errors import RoamError
 from roam_cli.core.graph import type_name
-from roam_cli.frontend import providers
 from roam_cli.lower import at_opset_18
 from roam_cli.precision import LOW_TYPES, unique
 from roam_cli.precision.policy import FLOAT32, FLOATS, LOW, rule, widest
@@ -34,13 +33,13 @@ STANDARD = ("", "ai.onnx")
 MOVES = {"Transpose", "Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity"}
 
 
-def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]]) -> None:
+def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple]], highest_opset: int) -> None:
     """Rewrite `model` in place to compute in `low` where the policy says. `types`: name ->
     (element type, shape) of every tensor of the float32 forward, whose parameters are graph
     inputs (not constants). The declared types of the graph's values follow. An op ONNX defines
     for the low type only from a later opset than the model's (bf16 Conv and pooling: 22) raises
-    the model's opset to it; one ONNX defines for it in no opset the installed ONNX Runtime loads
-    computes in float32."""
+    the model's opset to it; one ONNX defines for it in no opset up to `highest_opset` (the
+    highest the installed ONNX Runtime loads) computes in float32."""
     g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in STANDARD), 21)
     needed = opset
@@ -105,7 +104,7 @@ def autocast(model: onnx.ModelProto, low: int, types: dict[str, tuple[int, tuple
                 weighed = [x for x in floats if x not in constant] or floats
                 targets[param] = widest(now[x] for x in weighed)
             if targets[param] == low:
-                since = low_since(n.op_type, param, low, opset, providers.highest_opset())
+                since = low_since(n.op_type, param, low, opset, highest_opset)
                 targets[param] = low if since is not None else TensorProto.FLOAT
                 needed = max(needed, since or opset)
             for k, x in enumerate(n.input):

@@ -63,7 +63,7 @@ def test_the_policy_on_a_small_graph(low):
     other operand's type (a 0-dim tensor in torch); softmax and layer norm compute in float32; Relu
     follows its input."""
     m, types = policy_graph()
-    autocast(m, low, types)
+    autocast(m, low, types, onnx.defs.onnx_opset_version())
     got = types_of(onnx.shape_inference.infer_shapes(m, strict_mode=True))  # and every op's types agree
     made = casts(m)
     assert sorted(made.values()) == sorted([("x", low), ("W", low), ("b", low), ("hb", F), ("h2", F)])
@@ -88,7 +88,7 @@ def test_a_weight_transposed_for_its_product_is_cast_before_the_transpose():
               [("x", [2, 4]), ("W", [3, 4]), ("V", [4, 4])], [("y", [2, 3]), ("z", [2, 4]), ("u", [4, 4])])
     types = {"x": (F, (2, 4)), "W": (F, (3, 4)), "Wt": (F, (4, 3)), "y": (F, (2, 3)), "V": (F, (4, 4)),
              "Vt": (F, (4, 4)), "z": (F, (2, 4)), "u": (F, (4, 4))}
-    autocast(m, BF16, types)
+    autocast(m, BF16, types, onnx.defs.onnx_opset_version())
     got = types_of(onnx.shape_inference.infer_shapes(m, strict_mode=True))
     assert sorted(casts(m).values()) == [("Vt", BF16), ("W", BF16), ("x", BF16)]
     assert (got["Wt"], got["Vt"], got["u"]) == (BF16, F, F)
@@ -103,7 +103,7 @@ def test_a_weight_read_directly_and_through_a_move_is_cast_once_before_both():
     m = model([node("Transpose", ["W"], ["Wt"], perm=[1, 0]), node("MatMul", ["x", "W"], ["a"]),
                node("MatMul", ["a", "Wt"], ["b"])], [("x", [2, 4]), ("W", [4, 4])], [("b", [2, 4])])
     types = {"x": (F, (2, 4)), "W": (F, (4, 4)), "Wt": (F, (4, 4)), "a": (F, (2, 4)), "b": (F, (2, 4))}
-    autocast(m, BF16, types)
+    autocast(m, BF16, types, onnx.defs.onnx_opset_version())
     onnx.checker.check_model(m, full_check=True)  # in order, and every op's types agree
     assert sorted(casts(m).values()) == [("W", BF16), ("x", BF16)]
     assert [n.op_type for n in m.graph.node] == ["Cast", "Transpose", "Cast", "MatMul", "MatMul"]
@@ -116,24 +116,22 @@ def conv_at_opset_17() -> tuple[onnx.ModelProto, dict]:
     return m, {"x": (F, (1, 2, 4, 4)), "w": (F, (3, 2, 1, 1)), "c": (F, (1, 3, 4, 4)), "y": (F, (1, 3))}
 
 
-def test_bf16_convolutions_raise_an_opset_17_model_through_onnxs_converter(monkeypatch):
+def test_bf16_convolutions_raise_an_opset_17_model_through_onnxs_converter():
     """ONNX defines Conv in bfloat16 from opset 22: a TorchScript export at 17 is converted (ReduceMean's
     axes attribute becomes an input at 18) and raised, not relabelled, where ONNX Runtime loads 22."""
-    monkeypatch.setattr(providers, "highest_opset", lambda: 22)
     m, types = conv_at_opset_17()
-    autocast(m, BF16, types)
+    autocast(m, BF16, types, 22)
     assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 22
     onnx.checker.check_model(m, full_check=True)
     mean = next(n for n in m.graph.node if n.op_type == "ReduceMean")
     assert len(mean.input) == 2 and not any(a.name == "axes" for a in mean.attribute)
 
 
-def test_bf16_convolutions_stay_float32_where_onnx_runtime_loads_no_opset_defining_them(monkeypatch):
+def test_bf16_convolutions_stay_float32_where_onnx_runtime_loads_no_opset_defining_them():
     """onnxruntime-training 1.19.2 loads opsets up to 21, where Conv has no bfloat16: the step it can
     run keeps its opset and convolves in float32 (it refused the raised one: an internal error)."""
-    monkeypatch.setattr(providers, "highest_opset", lambda: 21)
     m, types = conv_at_opset_17()
-    autocast(m, BF16, types)
+    autocast(m, BF16, types, 21)
     assert next(o.version for o in m.opset_import if o.domain in ("", "ai.onnx")) == 17
     assert [n.op_type for n in m.graph.node] == ["Conv", "ReduceMean"] and types_of(m)["y"] == F  # no Cast
 
