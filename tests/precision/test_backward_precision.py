@@ -70,7 +70,7 @@ from onnx_builder import fed_in_float32
 from roam_cli.backward.graph import gradient_model
 from roam_cli.lower import lower_model, nonstandard_nodes
 from roam_cli.precision.emulate import emulate
-from test_backward import CASES, LINEAR_CASES, n
+from backward_cases import CASES, LINEAR_CASES, n
 
 OPSET = 20
 LOW = {"bf16": TensorProto.BFLOAT16, "fp16": TensorProto.FLOAT16}
