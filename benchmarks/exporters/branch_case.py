@@ -62,10 +62,11 @@ def main(argv: list[str]) -> dict:
     single = dict(zip(wanted + branches, gradcheck.session(gradcheck.with_outputs(model, wanted + branches, graph))(
         feeds(model, weights, reference, np.float32))))
     wide = gradcheck.widened(model)
-    exact = run_reference(wide, wanted, feeds(wide, weights, reference, np.float64))
+    wide_feeds = feeds(wide, weights, reference, np.float64)
+    exact = run_reference(wide, wanted, wide_feeds)
     taken = {b: single[b] for b in branches}
-    steered = run_reference(without_producers(wide, taken), wanted, feeds(wide, weights, reference, np.float64) | taken)
-    exact_branches = run_reference(wide, branches, feeds(wide, weights, reference, np.float64))
+    steered = run_reference(without_producers(wide, taken), wanted, wide_feeds | taken)
+    exact_branches = run_reference(wide, branches, wide_feeds)
     flipped = {b: int((single[b] != exact_branches[b]).sum()) for b in branches}
     largest = max(np.linalg.norm(v) for k, v in reference.items() if k.startswith("grad64:"))
     rows = []
@@ -79,8 +80,7 @@ def main(argv: list[str]) -> dict:
     rng = np.random.default_rng(args.seed)
     draws = []
     for _ in range(args.draws):
-        moved = run_reference(wide, wanted, {k: one_ulp_apart(v, rng) for k, v in
-                                              feeds(wide, weights, reference, np.float64).items()})
+        moved = run_reference(wide, wanted, {k: one_ulp_apart(v, rng) for k, v in wide_feeds.items()})
         worst = max(((distance(moved[n], exact[n], largest), n[: -len(GRADIENT)]) for n in wanted[1:]))
         draws.append({"worst": worst[0], "parameter": worst[1]})
     loss64 = float(reference["loss64"])

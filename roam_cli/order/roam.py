@@ -121,25 +121,26 @@ def order(problem: Problem, references: dict[str, list[int]], deadline: float, j
     found, stats = searched(problem, red, references, deadline, jobs, say, gap, target, leaf_states)
     whole = None
     while not stats.proven_optimal and not stats.at_target:
-        if peak(problem, found) <= bounds.within_gap(stats.lower_bound, gap):
+        top = peak(problem, found)
+        if top <= bounds.within_gap(stats.lower_bound, gap):
             break
         # the reduction keeps the optimum, not each step's: a removed node's step (an update's first
         # temporary, where its gradient is live) can have a higher minimum than any step left
         say("roam: raising the bound on the whole problem")
         whole = whole or bounds.Bound(problem, *reachability(problem))
         stats.lower_bound = max(stats.lower_bound, whole.raised(found))
-        if peak(problem, found) > bounds.within_gap(stats.lower_bound, gap):
+        if top > bounds.within_gap(stats.lower_bound, gap):
             say("roam: bounding the sequences the highest steps can run in")
             stats.lower_bound = max(stats.lower_bound, whole.sequenced(found, deadline=time.perf_counter()
                                                                       + SEQUENCE_SECONDS))
-        stats.proven_optimal = peak(problem, found) <= stats.lower_bound
-        if (peak(problem, found) <= bounds.within_gap(stats.lower_bound, gap) or stats.restarts == RESTARTS
+        stats.proven_optimal = top <= stats.lower_bound
+        if (top <= bounds.within_gap(stats.lower_bound, gap) or stats.restarts == RESTARTS
                 or time.perf_counter() >= deadline):
             break
         say("roam: searching again from its own order")
         again, again_stats = searched(problem, red, {"roam": found}, deadline, jobs, say, gap, target, leaf_states)
         stats.restarts += 1
-        if peak(problem, again) >= peak(problem, found):
+        if peak(problem, again) >= top:
             break
         again_stats.lower_bound = max(again_stats.lower_bound, stats.lower_bound)
         again_stats.restarts, again_stats.reference = stats.restarts, f"{stats.reference}; again: {again_stats.reference}"
